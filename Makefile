@@ -1,0 +1,60 @@
+# Set-up and everyday commands. `make synth` and `make test` work on a fresh clone with no AWS credentials.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ENV ?= dev
+VENV := .venv
+PY := $(VENV)/bin/python
+# Extra CDK arguments, e.g. make synth CDK_ARGS="-c falcon.enabled=true"
+CDK_ARGS ?=
+
+# jsii prints an end-of-life banner on Node 20; the CLI must not phone home from CI or offline desks.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export CDK_DISABLE_CLI_TELEMETRY := true
+export CDK_DISABLE_VERSION_CHECK := true
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: help install install-dev synth test lint format train-local clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(VENV)/.runtime: $(PY) requirements.txt constraints.txt
+	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt training/requirements.txt constraints.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
+
+install-dev: install $(VENV)/.dev  ## plus test, training and lint tools
+
+synth: install  ## synthesize every stack of ENV (default dev) into cdk.out/
+	rm -rf cdk.out
+	npx cdk synth --quiet --no-notices -c env=$(ENV) $(CDK_ARGS)
+	$(PY) -m stacks.summary cdk.out
+
+test: install-dev  ## lint, then the whole test suite
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+lint: install-dev  ## ruff only
+	$(PY) -m ruff check .
+
+format: install-dev  ## apply ruff's formatter and import order
+	$(PY) -m ruff check --fix --select I .
+
+clean:  ## remove build output (keeps .venv and node_modules)
+	rm -rf cdk.out .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""CDK stacks and the settings they are built from."""

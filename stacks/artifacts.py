@@ -1,0 +1,83 @@
+"""The project's KMS key and the artifact bucket every other stack reads from or writes to."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from stacks.base import EnvironmentStack
+from stacks.nag import acknowledge
+from stacks.settings import ArtifactSettings, Settings
+
+
+class ArtifactsStack(EnvironmentStack):
+    """Key and buckets outlive the stack: models and logs are worth more than the stack that made them."""
+
+    def __init__(self, scope: Construct, *, settings: Settings) -> None:
+        super().__init__(scope, "artifacts", settings=settings, description="KMS key and artifact bucket")
+        self.key = self._key(settings)
+        self.log_bucket = self._log_bucket(settings.artifacts)
+        self.bucket = self._artifact_bucket(settings.artifacts)
+
+        cdk.CfnOutput(self, "ArtifactBucketName", value=self.bucket.bucket_name,
+                      description="Artifact bucket: models/, training logs and checkpoints")
+        cdk.CfnOutput(self, "KeyArn", value=self.key.key_arn, description="KMS key for artifacts and logs")
+        cdk.CfnOutput(self, "AccessLogBucketName", value=self.log_bucket.bucket_name,
+                      description="Server access logs of the artifact bucket")
+
+    def _key(self, settings: Settings) -> kms.Key:
+        key = kms.Key(
+            self, "Key",
+            description=f"{settings.stack_prefix}: artifacts, logs and endpoint volumes",
+            enable_key_rotation=True,
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+        )
+        # CloudWatch Logs encrypts this environment's log groups (flow logs, training, lambdas) with the key.
+        key.add_to_resource_policy(iam.PolicyStatement(
+            principals=[iam.ServicePrincipal(f"logs.{self.region}.amazonaws.com")],
+            actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+            resources=["*"],
+            conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn":
+                                    f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:*"}},
+        ))
+        return key
+
+    def _log_bucket(self, config: ArtifactSettings) -> s3.Bucket:
+        # S3 server access logs cannot be delivered to an SSE-KMS bucket, so this one uses SSE-S3.
+        bucket = s3.Bucket(
+            self, "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(
+                expiration=cdk.Duration.days(config.access_log_expiration_days),
+                noncurrent_version_expiration=cdk.Duration.days(1),
+            )],
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+        )
+        acknowledge(bucket, "S1", "This is the access-log bucket; logging it into itself would loop.")
+        return bucket
+
+    def _artifact_bucket(self, config: ArtifactSettings) -> s3.Bucket:
+        return s3.Bucket(
+            self, "Artifacts",
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            versioned=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.log_bucket,
+            server_access_logs_prefix="artifacts/",
+            lifecycle_rules=[s3.LifecycleRule(
+                noncurrent_version_expiration=cdk.Duration.days(config.noncurrent_version_expiration_days),
+                abort_incomplete_multipart_upload_after=cdk.Duration.days(7),
+            )],
+            removal_policy=cdk.RemovalPolicy.RETAIN,
+        )

@@ -1,0 +1,41 @@
+"""What every stack of an environment shares: its AWS environment, its name and its tags."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks.settings import LOG_RETENTION_DAYS, Settings
+
+
+class EnvironmentStack(cdk.Stack):
+    """A stack named and tagged for one environment, with availability zones that need no lookup."""
+
+    def __init__(self, scope: Construct, name: str, *, settings: Settings, description: str) -> None:
+        super().__init__(
+            scope,
+            f"{settings.stack_prefix}-{name}",
+            env=cdk.Environment(account=settings.account, region=settings.region),
+            description=f"{description} ({settings.project}, {settings.name})",
+            termination_protection=settings.name == "prod",
+        )
+        self._zones = settings.network.availability_zones
+        for key, value in settings.tags.items():
+            cdk.Tags.of(self).add(key, value)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        # With a concrete account the CDK would ask AWS for zone names at synth; offline synth must not.
+        if self._zones:
+            return list(self._zones)
+        if not cdk.Token.is_unresolved(self.account) and not cdk.Token.is_unresolved(self.region):
+            return [f"{self.region}a", f"{self.region}b"]
+        return super().availability_zones
+
+
+def log_retention(days: int) -> logs.RetentionDays:
+    """The RetentionDays member for a number of days (the settings allow only CloudWatch's periods)."""
+    finite = [member for member in logs.RetentionDays if member.name != "INFINITE"]
+    by_days = dict(zip(LOG_RETENTION_DAYS, finite, strict=True))
+    return by_days[days]

@@ -1,0 +1,42 @@
+"""All stacks of one environment, and the one place they are wired together."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from stacks.artifacts import ArtifactsStack
+from stacks.network import NetworkStack
+from stacks.settings import CDK_JSON, Settings
+
+
+@dataclass
+class EnvironmentStacks:
+    artifacts: ArtifactsStack
+    network: NetworkStack
+    optional: dict[str, cdk.Stack] = field(default_factory=dict)
+
+    @property
+    def all(self) -> list[cdk.Stack]:
+        return [self.artifacts, self.network, *self.optional.values()]
+
+
+def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks:
+    """Stacks for `settings`: storage and network always; workloads only when their section is enabled."""
+    artifacts = ArtifactsStack(scope, settings=settings)
+    network = NetworkStack(scope, settings=settings, key=artifacts.key)
+    return EnvironmentStacks(artifacts=artifacts, network=network)
+
+
+def new_app(context: dict[str, Any] | None = None, outdir: str | None = None) -> cdk.App:
+    """An App that sees cdk.json's feature flags even when run without the CLI (tests, tools).
+
+    Context from the CLI and cdk.json takes precedence over what is passed here, so this changes
+    nothing under `cdk synth`; it only makes `python app.py` and tests behave the same way.
+    """
+    flags = {k: v for k, v in json.loads(CDK_JSON.read_text())["context"].items() if k.startswith("@")}
+    return cdk.App(context={**flags, **(context or {})}, outdir=outdir)

@@ -1,0 +1,351 @@
+"""One typed, frozen settings object per environment, validated once at app start.
+
+Defaults live on the dataclasses below; `cdk.json` (context key `environments`) declares each
+environment as overrides of those defaults; `-c section.key=value` overrides any of them from the
+command line. Every error names the setting, the value given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CDK_JSON = REPO_ROOT / "cdk.json"
+DEFAULT_ENVIRONMENT = "dev"
+
+# CloudWatch Logs accepts only these retention periods.
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                      2557, 2922, 3288, 3653)
+
+# Context keys that belong to the CDK itself or to the environment selector, not to our settings.
+_RESERVED_CONTEXT_KEYS = {"env", "environments"}
+
+
+class SettingsError(ValueError):
+    """A setting is wrong; the message is one line a user can act on."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"invalid setting {key}={_show(value)}: expected {allowed}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return json.dumps(value) if isinstance(value, (bool, int, float, list, dict, type(None))) else repr(value)
+
+
+def setting(default: Any = None, *, minimum: float | None = None, maximum: float | None = None,
+            choices: tuple | None = None, pattern: str | None = None, describe: str | None = None,
+            default_factory: Any = None) -> Any:
+    """A dataclass field carrying its own constraints, so validation is declared next to the default."""
+    metadata = {"minimum": minimum, "maximum": maximum, "choices": choices, "pattern": pattern,
+                "describe": describe}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+INSTANCE_TYPE_EC2 = r"^[a-z][a-z0-9-]*\.[0-9]*[a-z0-9]+$"
+INSTANCE_TYPE_SAGEMAKER = r"^ml\.[a-z][a-z0-9-]*\.[0-9]*[a-z0-9]+$"
+REGION = r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$"
+
+
+# --- sections ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """VPC endpoints, each switchable: interface endpoints cost money per AZ and hour."""
+
+    s3_gateway: bool = True
+    sagemaker_api: bool = True
+    sagemaker_runtime: bool = True
+    ecr_api: bool = True
+    ecr_docker: bool = True
+    cloudwatch_logs: bool = True
+    ssm: bool = True
+    ssm_messages: bool = True
+    ec2_messages: bool = True
+    sts: bool = True
+
+
+@dataclass(frozen=True)
+class NetworkSettings:
+    cidr: str = setting("10.40.0.0/16", pattern=r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|2[0-4])$",
+                        describe="an IPv4 CIDR block from /16 to /24")
+    # Zone names are needed only when an account is set (offline synth cannot look them up).
+    availability_zones: tuple[str, ...] = setting((), describe="two zone names such as us-west-2a,us-west-2b")
+    nat_gateways: int = setting(1, minimum=1, maximum=2)
+    flow_log_retention_days: int = setting(90, choices=LOG_RETENTION_DAYS)
+    endpoints: EndpointSettings = field(default_factory=EndpointSettings)
+
+    def __post_init__(self) -> None:
+        zones = self.availability_zones
+        if zones and (len(zones) != 2 or len(set(zones)) != 2):
+            raise SettingsError("network.availability_zones", ",".join(zones), "exactly two distinct zone names")
+
+
+@dataclass(frozen=True)
+class ArtifactSettings:
+    noncurrent_version_expiration_days: int = setting(90, minimum=1, maximum=3650)
+    access_log_expiration_days: int = setting(365, minimum=1, maximum=3650)
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    # Deploying with enabled=true starts a paid GPU run, so it is always an explicit choice.
+    enabled: bool = False
+    instance_type: str = setting("p4d.24xlarge", pattern=INSTANCE_TYPE_EC2,
+                                 describe="an EC2 instance type such as p4d.24xlarge")
+    run_id: str = setting("run-0001", pattern=r"^[a-z0-9][a-z0-9-]{0,47}$",
+                          describe="lowercase letters, digits and '-', at most 48 characters")
+    volume_gib: int = setting(200, minimum=50, maximum=16384)
+    max_hours: int = setting(6, minimum=1, maximum=72)
+    log_retention_days: int = setting(30, choices=LOG_RETENTION_DAYS)
+    ami_parameter: str = setting(
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+        pattern=r"^/aws/service/.+", describe="a public SSM parameter name under /aws/service/")
+    base_image_tag: str = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-ec2", pattern=r"^[A-Za-z0-9._-]+$")
+    base_model: str = "cardiffnlp/twitter-roberta-base-sep2022"
+    epochs: int = setting(10, minimum=1, maximum=100)
+    learning_rate: float = setting(1e-5, minimum=1e-7, maximum=1e-2)
+    per_device_batch_size: int = setting(16, minimum=1, maximum=1024)
+    max_length: int = setting(128, minimum=8, maximum=512)
+
+
+@dataclass(frozen=True)
+class SentimentSettings:
+    enabled: bool = False
+    model_data_url: str | None = setting(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$",
+                                         describe="an s3:// URI of a model.tar.gz")
+    instance_type: str = setting("ml.c7g.4xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
+                                 describe="a SageMaker instance type such as ml.c7g.4xlarge")
+    min_instances: int = setting(1, minimum=1, maximum=20)
+    max_instances: int = setting(2, minimum=1, maximum=20)
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.model_data_url:
+            raise SettingsError("sentiment.model_data_url", self.model_data_url,
+                                "an s3://.../model.tar.gz URI when sentiment.enabled is true")
+        if self.max_instances < self.min_instances:
+            raise SettingsError("sentiment.max_instances", self.max_instances,
+                                f"at least sentiment.min_instances ({self.min_instances})")
+
+
+@dataclass(frozen=True)
+class FalconSettings:
+    enabled: bool = False
+    model_id: str = setting("tiiuae/falcon-40b", pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$",
+                            describe="a Hugging Face model id such as tiiuae/falcon-40b")
+    instance_type: str = setting("ml.g5.48xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
+                                 describe="a SageMaker instance type such as ml.g5.48xlarge")
+    tensor_parallel_degree: int = setting(8, choices=(1, 2, 4, 8))
+    batching: str = setting("rolling_paged", choices=("dynamic", "rolling", "rolling_paged"))
+    max_rolling_batch_size: int = setting(32, minimum=1, maximum=1024)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything one environment deploys; built only through `load_settings`."""
+
+    name: str
+    project: str = setting("mlrecipes", pattern=r"^[a-z][a-z0-9-]{1,20}$",
+                           describe="lowercase letters, digits and '-', 2 to 21 characters")
+    region: str = setting("us-west-2", pattern=REGION, describe="an AWS region name such as us-west-2")
+    account: str | None = setting(None, pattern=r"^\d{12}$", describe="a 12-digit AWS account id")
+    network: NetworkSettings = field(default_factory=NetworkSettings)
+    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
+    training: TrainingSettings = field(default_factory=TrainingSettings)
+    sentiment: SentimentSettings = field(default_factory=SentimentSettings)
+    falcon: FalconSettings = field(default_factory=FalconSettings)
+
+    @property
+    def stack_prefix(self) -> str:
+        return f"{self.project}-{self.name}"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"project": self.project, "environment": self.name}
+
+
+# --- loading ----------------------------------------------------------------------------------------
+
+def read_environments(path: Path = CDK_JSON) -> dict[str, dict[str, Any]]:
+    """The environment declarations from cdk.json, the one place they live."""
+    environments = json.loads(path.read_text())["context"]["environments"]
+    return {name: dict(values or {}) for name, values in environments.items()}
+
+
+def load_settings(env_name: str | None = None, overrides: Mapping[str, Any] | None = None,
+                  environments: Mapping[str, Mapping[str, Any]] | None = None) -> Settings:
+    """Defaults, then the environment's declaration, then overrides; validated as one whole."""
+    environments = read_environments() if environments is None else environments
+    env_name = env_name or DEFAULT_ENVIRONMENT
+    if env_name not in environments:
+        raise SettingsError("env", env_name, "one of " + ", ".join(environments))
+    values: dict[str, Any] = {}
+    for source in (environments[env_name], overrides or {}):
+        for key, value in _flatten(source).items():
+            _check_known(key, value)
+            values[key] = value
+    return _build(Settings, {"name": env_name, **values}, prefix="")
+
+
+def settings_from_context(context: Mapping[str, Any]) -> Settings:
+    """Settings from CDK context: `env` selects, every dotted or top-level key of ours overrides."""
+    env_name = context.get("env")
+    if env_name is not None and not isinstance(env_name, str):
+        raise SettingsError("env", env_name, "an environment name")
+    overrides = {key: value for key, value in context.items() if _is_ours(key)}
+    return load_settings(env_name, overrides)
+
+
+def known_settings() -> list[str]:
+    """Every dotted setting path, for help texts and error messages."""
+    return sorted(_paths(Settings, ""))
+
+
+def _is_ours(key: str) -> bool:
+    # The CDK's own context keys carry '@' or ':' (feature flags, lookups, aws:cdk:*).
+    return key not in _RESERVED_CONTEXT_KEYS and not key.startswith("@") and ":" not in key
+
+
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _paths(cls: type, prefix: str) -> list[str]:
+    paths = []
+    for f in dataclasses.fields(cls):
+        if f.name == "name" and cls is Settings:
+            continue
+        kind = _field_types(cls)[f.name]
+        if dataclasses.is_dataclass(kind):
+            paths.extend(_paths(kind, f"{prefix}{f.name}."))
+        else:
+            paths.append(prefix + f.name)
+    return paths
+
+
+def _check_known(key: str, value: Any) -> None:
+    known = known_settings()
+    if key in known:
+        return
+    section = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    siblings = [k.removeprefix(section) for k in known if section and k.startswith(section)]
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    if siblings:
+        allowed = f"a known setting{hint}; {section.rstrip('.')} has: {', '.join(siblings)}"
+    else:
+        sections = sorted({k.split('.')[0] for k in known})
+        allowed = f"a known setting{hint}; sections and top-level settings: {', '.join(sections)}"
+    raise SettingsError(key, value, allowed)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        kind = _field_types(cls)[f.name]
+        path = prefix + f.name
+        if dataclasses.is_dataclass(kind):
+            kwargs[f.name] = _build(kind, values, path + ".")
+        elif path in values:
+            kwargs[f.name] = _coerce(path, values[path], kind, f.metadata)
+    return cls(**kwargs)
+
+
+def _coerce(key: str, raw: Any, kind: Any, meta: Mapping[str, Any]) -> Any:
+    """Parse a value (JSON-typed from cdk.json, or a string from `-c`) to the setting's type and check it."""
+    optional = False
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        optional, kind = True, args[0]
+    if optional and (raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "none", "null"))):
+        return None
+    value = _parse(key, raw, kind, meta)
+    _check_constraints(key, raw, value, meta)
+    return value
+
+
+def _type_word(kind: Any, meta: Mapping[str, Any]) -> str:
+    if meta.get("describe"):
+        return meta["describe"]
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    word = words.get(kind, "a comma-separated list")
+    if meta.get("choices"):
+        return "one of " + ", ".join(str(c) for c in meta["choices"])
+    lo, hi = meta.get("minimum"), meta.get("maximum")
+    if lo is not None and hi is not None:
+        return f"{word} from {lo:g} to {hi:g}"
+    return word
+
+
+def _parse(key: str, raw: Any, kind: Any, meta: Mapping[str, Any]) -> Any:
+    fail = SettingsError(key, raw, _type_word(kind, meta))
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in ("true", "false", "yes", "no", "1", "0", "on", "off"):
+            return raw.strip().lower() in ("true", "yes", "1", "on")
+        raise fail
+    if kind is int:
+        if isinstance(raw, bool):
+            raise fail
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+\s*", raw):
+            return int(raw)
+        raise fail
+    if kind is float:
+        if isinstance(raw, bool):
+            raise fail
+        if isinstance(raw, (int, float)):
+            return float(raw)
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise fail from None
+    if kind is str:
+        if isinstance(raw, str):
+            return raw.strip()
+        raise fail
+    if typing.get_origin(kind) is tuple:
+        if isinstance(raw, str):
+            items = [item.strip() for item in raw.split(",") if item.strip()]
+        elif isinstance(raw, (list, tuple)) and all(isinstance(item, str) for item in raw):
+            items = list(raw)
+        else:
+            raise fail
+        return tuple(items)
+    raise TypeError(f"setting {key} has an unsupported type {kind!r}")
+
+
+def _check_constraints(key: str, raw: Any, value: Any, meta: Mapping[str, Any]) -> None:
+    choices, lo, hi, pattern = meta.get("choices"), meta.get("minimum"), meta.get("maximum"), meta.get("pattern")
+    if choices is not None and value not in choices:
+        raise SettingsError(key, raw, "one of " + ", ".join(str(c) for c in choices))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise SettingsError(key, raw, f"a value from {lo:g} to {hi:g}")
+    if pattern is not None and isinstance(value, str) and not re.fullmatch(pattern, value):
+        raise SettingsError(key, raw, meta.get("describe") or f"a value matching {pattern}")

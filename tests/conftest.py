@@ -1,0 +1,77 @@
+"""Shared fixtures: each configuration is synthesized once per test session (jsii start-up is slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The configurations the stack tests look at, by name: (environment, overrides).
+CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "dev": ("dev", {}),
+    "prod": ("prod", {}),
+    "prod-account": ("prod", {"account": "123456789012", "region": "eu-central-2",
+                              "network.endpoints.sts": "false"}),
+}
+
+
+@dataclass
+class Synthesized:
+    """One synthesized app: its cloud assembly folder and each stack's template by stack name."""
+
+    outdir: Path
+    templates: dict[str, dict]
+
+    def template(self, suffix: str):
+        from aws_cdk.assertions import Template
+
+        matches = [name for name in self.templates if name.endswith(f"-{suffix}")]
+        assert len(matches) == 1, f"expected one stack ending in -{suffix}, found {sorted(self.templates)}"
+        return Template.from_json(self.templates[matches[0]])
+
+
+def synthesize(outdir: Path, env_name: str, overrides: dict[str, str]) -> Synthesized:
+    """Synthesize like `cdk synth -c env=... -c key=value` does, with cdk-nag; fail with its findings."""
+    from stacks.environment import build_environment, new_app
+    from stacks.nag import add_checks
+    from stacks.settings import settings_from_context
+
+    app = new_app(context={"env": env_name, **overrides}, outdir=str(outdir))
+    build_environment(app, settings_from_context(app.node.get_all_context()))
+    add_checks(app)
+    try:
+        app.synth()
+    except RuntimeError as error:
+        report = outdir / "validation-report.json"
+        details = report.read_text() if report.exists() else ""
+        pytest.fail(f"synth of {env_name} {overrides} failed: {error}\n{details[:20000]}")
+    manifest = json.loads((outdir / "manifest.json").read_text())
+    templates = {}
+    for artifact in manifest["artifacts"].values():
+        if artifact["type"] == "aws:cloudformation:stack":
+            templates[artifact["displayName"]] = json.loads(
+                (outdir / artifact["properties"]["templateFile"]).read_text())
+    return Synthesized(outdir=outdir, templates=templates)
+
+
+@pytest.fixture(scope="session")
+def synthesized(tmp_path_factory):
+    """`synthesized("prod")` gives that configuration's synthesized app, built at most once per session."""
+    cache: dict[str, Synthesized] = {}
+
+    def get(name: str) -> Synthesized:
+        if name not in cache:
+            env_name, overrides = CONFIGURATIONS[name]
+            cache[name] = synthesize(tmp_path_factory.mktemp(f"cdk-{name}"), env_name, overrides)
+        return cache[name]
+
+    return get

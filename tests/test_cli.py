@@ -1,0 +1,100 @@
+"""The app as users run it: through `npx cdk` and `python app.py`, offline, with no AWS credentials."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """No credentials, no profile, no telemetry: what a fresh CI machine has."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
+    env.update(JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20", CDK_DISABLE_CLI_TELEMETRY="true",
+               CDK_DISABLE_VERSION_CHECK="true", AWS_CONFIG_FILE="/dev/null",
+               AWS_SHARED_CREDENTIALS_FILE="/dev/null", AWS_EC2_METADATA_DISABLED="true", **extra)
+    return env
+
+
+def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProcess:
+    env = offline_env(CDK_CONTEXT_JSON=json.dumps(context), CDK_OUTDIR=str(outdir))
+    return subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize(("context", "expected"), [
+    ({"env": "nope"}, "error: invalid setting env='nope': expected one of dev, staging, prod"),
+    ({"falcon.tensor_parallel_degree": "three"},
+     "error: invalid setting falcon.tensor_parallel_degree='three': expected one of 1, 2, 4, 8"),
+])
+def test_bad_setting_exits_1_with_one_line(tmp_path, context, expected):
+    result = run_app(context, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [expected]
+    assert not (tmp_path / "manifest.json").exists()
+
+
+needs_cli = pytest.mark.skipif(not CDK.exists() or shutil.which("node") is None,
+                               reason="the CDK CLI is installed by `make test` (npm ci)")
+
+
+def _cdk(args: list[str], outdir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CDK), "synth", "--quiet", "--no-notices", "-o", str(outdir), *args], cwd=REPO_ROOT,
+                          env=offline_env(), capture_output=True, text=True, timeout=600)
+
+
+@needs_cli
+def test_cdk_synth_prod_works_offline_without_credentials(tmp_path):
+    context_file = REPO_ROOT / "cdk.context.json"
+    before = context_file.read_text() if context_file.exists() else None
+    result = _cdk(["-c", "env=prod"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    stacks = sorted(a["displayName"] for a in manifest["artifacts"].values()
+                    if a["type"] == "aws:cloudformation:stack")
+    assert stacks == ["mlrecipes-prod-artifacts", "mlrecipes-prod-network"]
+    after = context_file.read_text() if context_file.exists() else None
+    assert after == before and (after is None or json.loads(after) == {}), "synth cached a lookup"
+
+
+@needs_cli
+def test_cdk_synth_with_a_bad_override_fails_with_one_clear_line(tmp_path):
+    result = _cdk(["-c", "falcon.tensor_parallel_degree=three"], tmp_path)
+    assert result.returncode != 0
+    ours = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert ours == ["error: invalid setting falcon.tensor_parallel_degree='three': expected one of 1, 2, 4, 8"]
+    assert "Traceback" not in result.stderr
+
+
+def test_summary_lists_stacks_and_resource_counts(synthesized, capsys):
+    from stacks.summary import main
+
+    assert main([str(synthesized("dev").outdir)]) == 0
+    out = capsys.readouterr().out
+    assert "mlrecipes-dev-network" in out and "mlrecipes-dev-artifacts" in out
+    assert "2 stacks," in out
+
+
+def test_summary_without_an_assembly_says_what_to_do(tmp_path, capsys):
+    from stacks.summary import main
+
+    assert main([str(tmp_path)]) == 1
+    assert "make synth" in capsys.readouterr().err
+
+
+def test_cfn_lint_finds_no_errors(synthesized):
+    templates = [synthesized(name).outdir for name in ("dev", "prod", "prod-account")]
+    files = sorted(str(p) for d in templates for p in d.glob("*.template.json"))
+    assert files
+    result = subprocess.run([sys.executable, "-m", "cfnlint", *files], capture_output=True, text=True, timeout=600)
+    # cfn-lint exit status is a bit mask: 2 = errors, 4 = warnings, 8 = informational.
+    assert result.returncode & 2 == 0, result.stdout[-5000:]

@@ -1,0 +1,116 @@
+"""Settings: defaults, environments, overrides, and one clear line for every kind of bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stacks.settings import SettingsError, known_settings, load_settings, read_environments, settings_from_context
+
+
+def test_no_env_means_dev_with_documented_defaults():
+    settings = settings_from_context({})
+    assert settings.name == "dev"
+    assert settings.region == "us-west-2"
+    assert settings.account is None
+    assert settings.training.enabled is False
+    assert settings.training.instance_type == "p4d.24xlarge"
+    assert settings.falcon.batching == "rolling_paged"
+    assert settings.sentiment.instance_type == "ml.c7g.4xlarge"
+
+
+@pytest.mark.parametrize("env_name", ["dev", "staging", "prod"])
+def test_every_declared_environment_loads(env_name):
+    assert load_settings(env_name).name == env_name
+    assert env_name in read_environments()
+
+
+def test_environments_differ_where_declared():
+    assert load_settings("dev").network.nat_gateways == 1
+    assert load_settings("prod").network.nat_gateways == 2
+
+
+def test_overrides_are_parsed_to_the_setting_type():
+    settings = settings_from_context({
+        "env": "prod",
+        "falcon.instance_type": "ml.g5.24xlarge",
+        "falcon.tensor_parallel_degree": "4",
+        "training.enabled": "true",
+        "training.learning_rate": "2e-5",
+        "network.availability_zones": "us-west-2a,us-west-2c",
+        "network.endpoints.sts": "off",
+        "region": "eu-west-1",
+        "account": "123456789012",
+    })
+    assert settings.name == "prod"
+    assert settings.falcon.instance_type == "ml.g5.24xlarge"
+    assert settings.falcon.tensor_parallel_degree == 4
+    assert settings.training.enabled is True
+    assert settings.training.learning_rate == pytest.approx(2e-5)
+    assert settings.network.availability_zones == ("us-west-2a", "us-west-2c")
+    assert settings.network.endpoints.sts is False
+    assert (settings.region, settings.account) == ("eu-west-1", "123456789012")
+
+
+def test_json_typed_values_from_cdk_json_are_accepted():
+    settings = load_settings("dev", {"falcon": {"max_rolling_batch_size": 64, "enabled": False}})
+    assert settings.falcon.max_rolling_batch_size == 64
+
+
+def test_cdk_own_context_keys_are_ignored():
+    settings = settings_from_context({"@aws-cdk/core:newStyleStackSynthesis": True,
+                                      "aws:cdk:enable-path-metadata": True,
+                                      "availability-zones:account=1:region=x": ["a"]})
+    assert settings.name == "dev"
+
+
+def test_settings_are_frozen():
+    settings = load_settings("dev")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.region = "eu-west-1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.falcon.enabled = True
+
+
+def test_every_issue_named_setting_exists():
+    names = set(known_settings())
+    for name in ["training.enabled", "training.instance_type", "training.run_id", "sentiment.enabled",
+                 "sentiment.model_data_url", "sentiment.instance_type", "falcon.enabled", "falcon.model_id",
+                 "falcon.instance_type", "falcon.tensor_parallel_degree", "falcon.batching",
+                 "falcon.max_rolling_batch_size", "region", "account"]:
+        assert name in names
+
+
+@pytest.mark.parametrize(("context", "key", "fragments"), [
+    ({"env": "nope"}, "env", ["'nope'", "dev, staging, prod"]),
+    ({"falcon.tensor_parallel_degree": "three"}, "falcon.tensor_parallel_degree", ["'three'", "1, 2, 4, 8"]),
+    ({"falcon.instance_typ": "ml.g5.2xlarge"}, "falcon.instance_typ", ["did you mean falcon.instance_type"]),
+    ({"falcn.enabled": "true"}, "falcn.enabled", ["did you mean falcon.enabled"]),
+    ({"training.enabled": "maybe"}, "training.enabled", ["'maybe'", "true or false"]),
+    ({"training.max_hours": "0"}, "training.max_hours", ["'0'", "from 1 to 72"]),
+    ({"training.volume_gib": "2.5"}, "training.volume_gib", ["'2.5'", "integer"]),
+    ({"falcon.batching": "static"}, "falcon.batching", ["'static'", "dynamic, rolling, rolling_paged"]),
+    ({"account": "12345"}, "account", ["'12345'", "12-digit"]),
+    ({"region": "mars-1"}, "region", ["'mars-1'", "region name"]),
+    ({"network.flow_log_retention_days": "10"}, "network.flow_log_retention_days", ["'10'", "14, 30"]),
+    ({"network.availability_zones": "us-west-2a"}, "network.availability_zones", ["two distinct"]),
+    ({"sentiment.enabled": "true"}, "sentiment.model_data_url", ["s3://"]),
+    ({"sentiment.min_instances": "3", "sentiment.max_instances": "2"}, "sentiment.max_instances", ["min_instances"]),
+    ({"sentiment.enabled": "true", "sentiment.model_data_url": "http://x/model.tar.gz"},
+     "sentiment.model_data_url", ["s3:// URI"]),
+])
+def test_bad_input_names_key_value_and_what_is_allowed(context, key, fragments):
+    with pytest.raises(SettingsError) as caught:
+        settings_from_context(context)
+    message = str(caught.value)
+    assert caught.value.key == key
+    assert "\n" not in message
+    assert message.startswith(f"invalid setting {key}=")
+    for fragment in fragments:
+        assert fragment in message, message
+
+
+def test_bad_value_in_an_environment_declaration_is_reported_too():
+    with pytest.raises(SettingsError, match=r"network.nat_gateways=5: expected a value from 1 to 2"):
+        load_settings("dev", environments={"dev": {"network": {"nat_gateways": 5}}})
