@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from stacks.base import EnvironmentStack
@@ -21,17 +22,22 @@ class ArtifactsStack(EnvironmentStack):
         self.key = self._key(settings)
         self.log_bucket = self._log_bucket(settings.artifacts)
         self.bucket = self._artifact_bucket(settings.artifacts)
+        # One topic per environment for every alarm; subscriptions are added by whoever operates it.
+        self.alarm_topic = sns.Topic(self, "Alarms", master_key=self.key, enforce_ssl=True,
+                                     display_name=f"{settings.stack_prefix} alarms")
 
         cdk.CfnOutput(self, "ArtifactBucketName", value=self.bucket.bucket_name,
                       description="Artifact bucket: models/, training logs and checkpoints")
         cdk.CfnOutput(self, "KeyArn", value=self.key.key_arn, description="KMS key for artifacts and logs")
+        cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn,
+                      description="SNS topic every alarm of this environment notifies")
         cdk.CfnOutput(self, "AccessLogBucketName", value=self.log_bucket.bucket_name,
                       description="Server access logs of the artifact bucket")
 
     def _key(self, settings: Settings) -> kms.Key:
         key = kms.Key(
             self, "Key",
-            description=f"{settings.stack_prefix}: artifacts, logs and endpoint volumes",
+            description=f"{settings.stack_prefix}: artifacts, logs, alarms and endpoint volumes",
             enable_key_rotation=True,
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
@@ -42,6 +48,13 @@ class ArtifactsStack(EnvironmentStack):
             resources=["*"],
             conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn":
                                     f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:*"}},
+        ))
+        # CloudWatch alarms publish to the encrypted alarm topic.
+        key.add_to_resource_policy(iam.PolicyStatement(
+            principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+            resources=["*"],
+            conditions={"StringEquals": {"aws:SourceAccount": self.account}},
         ))
         return key
 

@@ -29,7 +29,14 @@ def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks
     """Stacks for `settings`: storage and network always; workloads only when their section is enabled."""
     artifacts = ArtifactsStack(scope, settings=settings)
     network = NetworkStack(scope, settings=settings, key=artifacts.key)
-    return EnvironmentStacks(artifacts=artifacts, network=network)
+    stacks = EnvironmentStacks(artifacts=artifacts, network=network)
+    # Workload stacks are imported only when enabled, so a disabled one costs nothing at synth.
+    if settings.falcon.enabled:
+        from stacks.falcon import FalconStack
+
+        stacks.optional["falcon"] = FalconStack(
+            scope, settings=settings, vpc=network.vpc, key=artifacts.key, alarm_topic=artifacts.alarm_topic)
+    return stacks
 
 
 def new_app(context: dict[str, Any] | None = None, outdir: str | None = None) -> cdk.App:

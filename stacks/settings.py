@@ -141,16 +141,47 @@ class SentimentSettings:
                                 f"at least sentiment.min_instances ({self.min_instances})")
 
 
+LMI_VERSIONS = ("0.23.0", "0.27.0", "0.29.0", "0.33.0", "0.35.0", "0.38.0")
+
+
 @dataclass(frozen=True)
 class FalconSettings:
+    """The Falcon recipe's LMI deployment; cross-checks against GPUs and container live in inference.lmi."""
+
     enabled: bool = False
     model_id: str = setting("tiiuae/falcon-40b", pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$",
                             describe="a Hugging Face model id such as tiiuae/falcon-40b")
+    # Uncompressed weights under an S3 prefix, served from /opt/ml/model instead of the hub.
+    model_s3_uri: str | None = setting(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$",
+                                       describe="an s3:// prefix ending in /")
     instance_type: str = setting("ml.g5.48xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
                                  describe="a SageMaker instance type such as ml.g5.48xlarge")
     tensor_parallel_degree: int = setting(8, choices=(1, 2, 4, 8))
+    dtype: str = setting("fp16", choices=("fp16", "bf16"))
+    lmi_version: str = setting("0.33.0", choices=LMI_VERSIONS)
     batching: str = setting("rolling_paged", choices=("dynamic", "rolling", "rolling_paged"))
+    batch_size: int = setting(4, minimum=1, maximum=64)
+    max_batch_delay_ms: int = setting(100, minimum=1, maximum=10000)
     max_rolling_batch_size: int = setting(32, minimum=1, maximum=1024)
+    max_rolling_batch_prefill_tokens: int = setting(1024, minimum=16, maximum=1048576)
+    max_input_tokens: int = setting(1024, minimum=1, maximum=131072)
+    max_new_tokens: int = setting(256, minimum=1, maximum=131072)
+    model_loading_timeout_s: int = setting(1800, minimum=60, maximum=3600)
+    startup_health_check_timeout_s: int = setting(3600, minimum=60, maximum=3600)
+    download_timeout_s: int = setting(3600, minimum=60, maximum=3600)
+    min_instances: int = setting(1, minimum=1, maximum=10)
+    max_instances: int = setting(1, minimum=1, maximum=10)
+    # Architecture of a model outside the built-in catalogue (inference.lmi), for the GPU memory check.
+    model_layers: int | None = setting(None, minimum=1, maximum=1000)
+    model_attention_heads: int | None = setting(None, minimum=1, maximum=1024)
+    model_kv_heads: int | None = setting(None, minimum=1, maximum=1024)
+    model_head_dim: int | None = setting(None, minimum=1, maximum=4096)
+    model_parameters_billion: float | None = setting(None, minimum=0.001, maximum=10000)
+
+    def __post_init__(self) -> None:
+        if self.max_instances < self.min_instances:
+            raise SettingsError("falcon.max_instances", self.max_instances,
+                                f"at least falcon.min_instances ({self.min_instances})")
 
 
 @dataclass(frozen=True)
