@@ -28,6 +28,11 @@ class ArtifactsStack(EnvironmentStack):
 
         cdk.CfnOutput(self, "ArtifactBucketName", value=self.bucket.bucket_name,
                       description="Artifact bucket: models/, training logs and checkpoints")
+        # A named export, so consumers' IAM resources (and the cdk-nag findings naming them) read the same
+        # in every synth; see objects_arn().
+        self.bucket_arn_export = f"{settings.stack_prefix}-artifact-bucket-arn"
+        cdk.CfnOutput(self, "ArtifactBucketArn", value=self.bucket.bucket_arn, export_name=self.bucket_arn_export,
+                      description="ARN of the artifact bucket")
         cdk.CfnOutput(self, "KeyArn", value=self.key.key_arn, description="KMS key for artifacts and logs")
         cdk.CfnOutput(self, "AlarmTopicArn", value=self.alarm_topic.topic_arn,
                       description="SNS topic every alarm of this environment notifies")
@@ -94,3 +99,11 @@ class ArtifactsStack(EnvironmentStack):
             )],
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
+
+    def objects_arn(self, key_prefix: str) -> str:
+        """ARN of the objects under `key_prefix` (e.g. "models/sentiment/"), for a consumer stack's IAM policy."""
+        return f"{cdk.Fn.import_value(self.bucket_arn_export)}/{key_prefix}*"
+
+    def objects_finding(self, key_prefix: str) -> str:
+        """The cdk-nag IAM5 finding id that objects_arn(key_prefix) raises, to acknowledge it by name."""
+        return f"IAM5[Resource::{self.bucket_arn_export}/{key_prefix}*]"

@@ -31,6 +31,11 @@ def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks
     network = NetworkStack(scope, settings=settings, key=artifacts.key)
     stacks = EnvironmentStacks(artifacts=artifacts, network=network)
     # Workload stacks are imported only when enabled, so a disabled one costs nothing at synth.
+    if settings.training.enabled:
+        from stacks.training import TrainingStack
+
+        stacks.optional["training"] = TrainingStack(
+            scope, settings=settings, vpc=network.vpc, artifacts=artifacts)
     if settings.falcon.enabled:
         from stacks.falcon import FalconStack
 

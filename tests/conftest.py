@@ -21,6 +21,8 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "prod": ("prod", {}),
     "prod-account": ("prod", {"account": "123456789012", "region": "eu-central-2",
                               "network.endpoints.sts": "false"}),
+    "prod-training": ("prod", {"training.enabled": "true"}),
+    "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
 }
 
 

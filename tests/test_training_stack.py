@@ -1,0 +1,148 @@
+"""The training stack: a self-terminating p4d run from the DLAMI, with least-privilege permissions."""
+
+from __future__ import annotations
+
+import re
+
+from aws_cdk.assertions import Match
+
+SSM_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+
+
+def _instance(template) -> dict:
+    instances = template.find_resources("AWS::EC2::Instance")
+    assert len(instances) == 1
+    return next(iter(instances.values()))
+
+
+def _literal_user_data(template) -> str:
+    """The user data script with every token replaced by <token>, so the text can be searched in order."""
+    joined = _instance(template)["Properties"]["UserData"]["Fn::Base64"]
+    if isinstance(joined, str):
+        return joined
+    return "".join(part if isinstance(part, str) else "<token>" for part in joined["Fn::Join"][1])
+
+
+def test_no_training_instance_by_default(synthesized):
+    for config in ("dev", "prod"):
+        assert not any(name.endswith("-training") for name in synthesized(config).templates)
+
+
+def test_instance_type_ami_and_placement(synthesized):
+    template = synthesized("prod-training").template("training")
+    props = _instance(template)["Properties"]
+    assert props["InstanceType"] == "p4d.24xlarge"
+    parameter = props["ImageId"]["Ref"]
+    assert template.to_json()["Parameters"][parameter] == {
+        "Type": "AWS::SSM::Parameter::Value<AWS::EC2::Image::Id>", "Default": SSM_AMI}
+    assert "Fn::ImportValue" in props["SubnetId"]
+    assert "privateSubnet" in props["SubnetId"]["Fn::ImportValue"]
+    assert props["Monitoring"] is True
+    assert "KeyName" not in props
+
+
+def test_imdsv2_required(synthesized):
+    synthesized("prod-training").template("training").has_resource_properties("AWS::EC2::LaunchTemplate", {
+        "LaunchTemplateData": {"MetadataOptions": {"HttpTokens": "required"}}})
+
+
+def test_root_volume_is_encrypted_gp3_of_the_configured_size(synthesized):
+    props = _instance(synthesized("prod-training").template("training"))["Properties"]
+    ebs = props["BlockDeviceMappings"][0]["Ebs"]
+    assert ebs["Encrypted"] is True and ebs["VolumeType"] == "gp3" and ebs["VolumeSize"] == 200
+    assert "Fn::ImportValue" in ebs["KmsKeyId"]
+
+
+def test_shutdown_terminates(synthesized):
+    props = _instance(synthesized("prod-training").template("training"))["Properties"]
+    assert props["InstanceInitiatedShutdownBehavior"] == "terminate"
+
+
+def test_security_group_admits_nothing(synthesized):
+    template = synthesized("prod-training").template("training")
+    template.resource_count_is("AWS::EC2::SecurityGroupIngress", 0)
+    for group in template.find_resources("AWS::EC2::SecurityGroup").values():
+        assert "SecurityGroupIngress" not in group["Properties"]
+
+
+def test_user_data_steps_run_in_order(synthesized):
+    script = _literal_user_data(synthesized("prod-training").template("training"))
+    assert script.startswith("#!/usr/bin/env bash\n")
+    assert "set -euo pipefail" in script
+    assert "export MAX_HOURS=6\n" in script
+    assert "export RUN_ID=run-0001\n" in script
+    assert "--num-train-epochs 10 --learning-rate 1e-05 --per-device-train-batch-size 16" in script
+    expected_order = [
+        "trap finish EXIT",
+        'shutdown -h "+$((MAX_HOURS * 60))"',
+        "docker login --username AWS --password-stdin",
+        'docker pull "$BASE_IMAGE"',
+        "docker build",
+        "--gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864",
+        "torchrun --nproc_per_node",
+        "python -m training.package",
+        'step "upload"',
+    ]
+    positions = [script.find(marker) for marker in expected_order]
+    assert all(p >= 0 for p in positions), dict(zip(expected_order, positions, strict=True))
+    assert positions == sorted(positions), dict(zip(expected_order, positions, strict=True))
+    upload = script[script.index('step "upload"'):]
+    assert '"${PREFIX}/model.tar.gz"' in upload and '"${PREFIX}/metrics.json"' in upload
+    # The exit handler writes the markers and shuts down on both paths.
+    handler = script[script.index("finish() {"):script.index("trap finish EXIT")]
+    for marker in ['"${PREFIX}/_SUCCESS"', '"${PREFIX}/_FAILED"', "shutdown -h now", '"${PREFIX}/checkpoints/"']:
+        assert marker in handler
+
+
+def test_dlc_registry_and_image_for_the_region(synthesized):
+    script = _literal_user_data(synthesized("prod-training").template("training"))
+    assert "export DLC_REGISTRY=763104351884.dkr.ecr.us-west-2.amazonaws.com\n" in script
+    assert ("export BASE_IMAGE=763104351884.dkr.ecr.us-west-2.amazonaws.com/"
+            "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2\n") in script
+
+
+def test_a_new_run_id_replaces_the_instance(synthesized):
+    first = synthesized("prod-training").template("training").find_resources("AWS::EC2::Instance")
+    second = synthesized("prod-training-run2").template("training").find_resources("AWS::EC2::Instance")
+    assert set(first) != set(second)
+
+
+def test_instance_role_is_least_privilege(synthesized):
+    template = synthesized("prod-training").template("training")
+    template.has_resource_properties("AWS::IAM::Role", {"ManagedPolicyArns": Match.absent()})
+    policies = template.find_resources("AWS::IAM::Policy")
+    assert len(policies) == 1
+    statements = next(iter(policies.values()))["Properties"]["PolicyDocument"]["Statement"]
+    by_sid = {s["Sid"]: s for s in statements}
+    assert set(by_sid) == {"PullTrainingImage", "RegistryLogin", "ReadCode", "WriteRunOutputs", "EncryptRunOutputs",
+                           "WriteLogs", "SessionManager"}
+    assert by_sid["PullTrainingImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-training"
+    assert by_sid["RegistryLogin"]["Action"] == "ecr:GetAuthorizationToken"
+    assert all("*" not in str(r) for r in by_sid["ReadCode"]["Resource"])
+    assert by_sid["WriteRunOutputs"]["Action"] == ["s3:AbortMultipartUpload", "s3:PutObject"]
+    assert by_sid["WriteRunOutputs"]["Resource"]["Fn::Join"][1][1] == "/models/sentiment/*"
+    assert by_sid["EncryptRunOutputs"]["Condition"] == {
+        "StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"}}
+    assert by_sid["WriteLogs"]["Resource"]["Fn::GetAtt"][1] == "Arn"
+    wildcard_sids = {s["Sid"] for s in statements if s["Resource"] == "*"}
+    assert wildcard_sids == {"RegistryLogin", "SessionManager"}
+    for statement in statements:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        assert not any(a.endswith(":*") or a == "*" for a in actions)
+
+
+def test_log_group_is_encrypted_with_the_configured_retention(synthesized):
+    synthesized("prod-training").template("training").has_resource_properties("AWS::Logs::LogGroup", {
+        "RetentionInDays": 365, "KmsKeyId": Match.any_value()})
+
+
+def test_outputs_tell_the_operator_what_comes_next(synthesized):
+    template = synthesized("prod-training").template("training")
+    outputs = template.to_json()["Outputs"]
+    for name in ("InstanceId", "RunId", "ModelPrefix", "LogGroupName", "FollowLogCommand"):
+        assert name in outputs
+    assert outputs["RunId"]["Value"] == "run-0001"
+    prefix = outputs["ModelPrefix"]["Value"]["Fn::Join"][1]
+    assert prefix[0] == "s3://" and re.fullmatch(r"/models/sentiment/run-0001/", prefix[2])
+    follow = outputs["FollowLogCommand"]["Value"]["Fn::Join"][1]
+    assert follow[0] == "aws logs tail " and follow[2] == " --follow --region us-west-2"

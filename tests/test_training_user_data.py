@@ -1,0 +1,152 @@
+"""Run the training user data under bash with docker, aws, shutdown and nvidia-smi replaced by recording stubs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stacks.settings import REPO_ROOT
+
+SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
+
+# Each stub appends its name and arguments to $CALLS, one line per call, and fakes just enough output.
+STUBS = {
+    "nvidia-smi": 'echo "nvidia-smi $*" >> "$CALLS"\n'
+                  'for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA A100-SXM4-40GB"; done',
+    "shutdown": 'echo "shutdown $*" >> "$CALLS"',
+    "docker": r'''echo "docker $*" >> "$CALLS"
+work=""
+prev=""
+for arg in "$@"; do
+  if [[ "$prev" == "-v" ]]; then work="${arg%%:*}"; fi
+  prev="$arg"
+done
+case "$*" in
+  *" login "*) cat > /dev/null ;;
+  *torchrun*)
+    mkdir -p "$work/checkpoints/checkpoint-1" "$work/model"
+    echo '{"partial": true}' > "$work/checkpoints/checkpoint-1/trainer_state.json"
+    if [[ "${FAIL_STEP:-}" == "train" ]]; then echo "CUDA out of memory" >&2; exit 3; fi
+    echo '{"validation": {"f1_macro": 0.7}}' > "$work/model/metrics.json" ;;
+  *training.package*) echo "archive" > "$work/model.tar.gz" ;;
+esac''',
+    "aws": r'''echo "aws $*" >> "$CALLS"
+case "$1 $2" in
+  "ecr get-login-password") echo "secret-token" ;;
+  "s3 cp")
+    args=()
+    for arg in "${@:3}"; do [[ "$arg" == --* ]] || args+=("$arg"); done
+    src="${args[0]}"; dst="${args[1]}"
+    if [[ "$src" == "-" ]]; then cat > "$UPLOADS/$(basename "$dst")";
+    elif [[ "$src" == s3://* ]]; then (cd "$FIXTURE" && zip -q -r "$dst" .);
+    fi ;;
+esac''',
+}
+
+VALUES = {
+    "RUN_ID": "run-0042",
+    "BUCKET": "artifact-bucket",
+    "REGION": "us-west-2",
+    "DLC_REGISTRY": "763104351884.dkr.ecr.us-west-2.amazonaws.com",
+    "BASE_IMAGE": "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04",
+    "LOG_GROUP": "training-logs",
+    "TRAINING_CODE_URL": "s3://cdk-assets/training.zip",
+    "INFERENCE_CODE_URL": "s3://cdk-assets/inference.zip",
+    "MAX_HOURS": "6",
+    "TRAIN_ARGS": "--num-train-epochs 10 --learning-rate 1e-05",
+}
+
+PREFIX = "s3://artifact-bucket/models/sentiment/run-0042"
+
+
+def run_user_data(tmp_path: Path, fail_step: str | None = None) -> tuple[subprocess.CompletedProcess, list[str], Path]:
+    bin_dir, uploads, fixture = tmp_path / "bin", tmp_path / "uploads", tmp_path / "fixture"
+    for folder in (bin_dir, uploads, fixture):
+        folder.mkdir()
+    (fixture / "Dockerfile").write_text("FROM scratch\n")
+    for name, body in STUBS.items():
+        stub = bin_dir / name
+        stub.write_text(f"#!/usr/bin/env bash\nset -eu\n{body}\n")
+        stub.chmod(0o755)
+    calls = tmp_path / "calls.log"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CALLS": str(calls), "UPLOADS": str(uploads), "FIXTURE": str(fixture),
+        "WORK_ROOT": str(tmp_path / "nvme"), "LOG_FILE": str(tmp_path / "log" / "training-run.log"),
+        **VALUES,
+    }
+    if fail_step:
+        env["FAIL_STEP"] = fail_step
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    return result, calls.read_text().splitlines(), uploads
+
+
+def _index(calls: list[str], fragment: str) -> int:
+    matches = [i for i, call in enumerate(calls) if fragment in call]
+    assert matches, f"no call contains {fragment!r}:\n" + "\n".join(calls)
+    return matches[0]
+
+
+pytestmark = pytest.mark.skipif(shutil.which("zip") is None or shutil.which("unzip") is None,
+                                reason="the stubs build the code archive with zip")
+
+
+def test_successful_run_trains_packages_uploads_marks_and_shuts_down(tmp_path):
+    result, calls, uploads = run_user_data(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    order = [
+        _index(calls, 'shutdown -h +360'),
+        _index(calls, "aws ecr get-login-password --region us-west-2"),
+        _index(calls, "docker login --username AWS --password-stdin 763104351884.dkr.ecr.us-west-2.amazonaws.com"),
+        _index(calls, "docker pull 763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:"),
+        _index(calls, "docker build --build-arg BASE_IMAGE="),
+        _index(calls, "torchrun --nproc_per_node 8 -m training.train_sentiment"),
+        _index(calls, "python -m training.package --model-dir /opt/ml/work/model --output /opt/ml/work/model.tar.gz"),
+        _index(calls, f"model.tar.gz {PREFIX}/model.tar.gz"),
+        _index(calls, f"metrics.json {PREFIX}/metrics.json"),
+        _index(calls, f"training-run.log {PREFIX}/training.log"),
+        _index(calls, f"aws s3 cp --only-show-errors - {PREFIX}/_SUCCESS"),
+        _index(calls, "shutdown -h now"),
+    ]
+    assert order == sorted(order), "\n".join(calls)
+    train = calls[_index(calls, "torchrun")]
+    for flag in ("--gpus all", "--ipc=host", "--ulimit memlock=-1", "--ulimit stack=67108864",
+                 "--num-train-epochs 10 --learning-rate 1e-05", "--checkpoint-dir /opt/ml/work/checkpoints"):
+        assert flag in train
+    assert "run run-0042 succeeded" in (uploads / "_SUCCESS").read_text()
+    assert not (uploads / "_FAILED").exists()
+    assert not any("/checkpoints/" in c and c.startswith("aws s3 cp") for c in calls)
+    assert calls[-1] == "shutdown -h now"
+
+
+def test_failed_training_step_keeps_logs_and_checkpoints_writes_failed_and_shuts_down(tmp_path):
+    result, calls, uploads = run_user_data(tmp_path, fail_step="train")
+    assert result.returncode == 3
+    assert not any("training.package" in c for c in calls), "must stop at the failing step"
+    assert not (uploads / "_SUCCESS").exists()
+    order = [
+        _index(calls, "torchrun"),
+        _index(calls, f"--recursive {tmp_path}/nvme/run-run-0042/checkpoints {PREFIX}/checkpoints/"),
+        _index(calls, f"training-run.log {PREFIX}/training.log"),
+        _index(calls, f"- {PREFIX}/_FAILED"),
+        _index(calls, "shutdown -h now"),
+    ]
+    assert order == sorted(order), "\n".join(calls)
+    failed = (uploads / "_FAILED").read_text()
+    assert "step=train\n" in failed and "exit_status=3\n" in failed
+    log = (tmp_path / "log" / "training-run.log").read_text()
+    assert "run failed in step 'train'" in log and "CUDA out of memory" in log
+    assert calls[-1] == "shutdown -h now"
+
+
+def test_every_step_is_logged_to_cloudwatch(tmp_path):
+    _, calls, _ = run_user_data(tmp_path)
+    steps = [c for c in calls if c.startswith("aws logs put-log-events") and "step: " in c]
+    assert [s.split("step: ")[1].split('"')[0] for s in steps] == [
+        "cost guard", "gpu check", "registry login", "pull base image", "fetch code", "build image", "train",
+        "wheelhouse", "package", "upload"]
+    assert all("--log-group-name training-logs --log-stream-name run-0042/steps" in s for s in steps)
