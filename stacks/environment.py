@@ -36,6 +36,11 @@ def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks
 
         stacks.optional["training"] = TrainingStack(
             scope, settings=settings, vpc=network.vpc, artifacts=artifacts)
+    if settings.sentiment.enabled:
+        from stacks.sentiment import SentimentStack
+
+        stacks.optional["sentiment"] = SentimentStack(
+            scope, settings=settings, vpc=network.vpc, key=artifacts.key, alarm_topic=artifacts.alarm_topic)
     if settings.falcon.enabled:
         from stacks.falcon import FalconStack
 

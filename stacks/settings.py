@@ -124,13 +124,23 @@ class TrainingSettings:
 
 @dataclass(frozen=True)
 class SentimentSettings:
+    """The Graviton endpoint for the fine-tuned model (images and instance sizes in stacks/sentiment.py)."""
+
     enabled: bool = False
     model_data_url: str | None = setting(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$",
                                          describe="an s3:// URI of a model.tar.gz")
     instance_type: str = setting("ml.c7g.4xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
                                  describe="a SageMaker instance type such as ml.c7g.4xlarge")
+    pytorch_version: str = setting("2.6.0", choices=("2.4.0", "2.6.0"))
     min_instances: int = setting(1, minimum=1, maximum=20)
     max_instances: int = setting(2, minimum=1, maximum=20)
+    # Model server workers per instance; each gets vCPUs / workers intra-op threads.
+    workers: int = setting(2, minimum=1, maximum=64)
+    max_batch: int = setting(64, minimum=1, maximum=1024)
+    invocations_per_instance: int = setting(600, minimum=1, maximum=100000)
+    latency_alarm_ms: int = setting(1000, minimum=1, maximum=60000)
+    canary_percent: int = setting(10, minimum=1, maximum=50)
+    bake_minutes: int = setting(10, minimum=1, maximum=60)
 
     def __post_init__(self) -> None:
         if self.enabled and not self.model_data_url:

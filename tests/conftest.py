@@ -22,6 +22,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "prod-account": ("prod", {"account": "123456789012", "region": "eu-central-2",
                               "network.endpoints.sts": "false"}),
     "prod-training": ("prod", {"training.enabled": "true"}),
+    "prod-sentiment": ("prod", {"sentiment.enabled": "true",
+                                "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"}),
+    "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true",
+                                 "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
     "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
 }
 

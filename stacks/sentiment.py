@@ -1,0 +1,252 @@
+"""The sentiment model on a Graviton SageMaker endpoint, updated blue/green with canary traffic and rollback."""
+
+from __future__ import annotations
+
+import re
+
+import aws_cdk as cdk
+from aws_cdk import aws_applicationautoscaling as appscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sagemaker as sagemaker
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from stacks.base import EnvironmentStack
+from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
+from stacks.nag import acknowledge
+from stacks.settings import SentimentSettings, Settings, SettingsError
+
+# PyTorch version -> (repository, tag, Python of the image). The repository changed name at 2.5.
+GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
+    "2.4.0": ("pytorch-inference-graviton", "2.4.0-cpu-py311-ubuntu22.04-sagemaker", "3.11"),
+    "2.6.0": ("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker", "3.12"),
+}
+# Graviton families SageMaker hosts (m7g and r7g are not offered for hosting).
+GRAVITON_FAMILIES = ("c6g", "c7g", "c8g", "m6g", "r6g")
+VARIANT = "AllTraffic"
+
+
+def graviton_image_uri(region: str, pytorch_version: str) -> str:
+    repository, tag, _ = GRAVITON_IMAGES[pytorch_version]
+    return dlc_image_uri(region, repository, tag)
+
+
+def vcpus(instance_type: str) -> int:
+    """vCPUs of a SageMaker instance size: large 2, xlarge 4, Nxlarge 4N, medium 1."""
+    size = instance_type.rsplit(".", 1)[-1]
+    if size == "medium":
+        return 1
+    if size == "large":
+        return 2
+    match = re.fullmatch(r"(\d*)xlarge", size)
+    if not match:
+        raise ValueError(f"unknown instance size in {instance_type}")
+    return 4 * int(match.group(1) or 1)
+
+
+def container_environment(config: SentimentSettings, region: str) -> dict[str, str]:
+    """The handler's contract plus the Graviton tuning the AWS images document."""
+    threads = max(1, vcpus(config.instance_type) // config.workers)
+    return {
+        "SAGEMAKER_PROGRAM": "inference.py",
+        "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
+        "SAGEMAKER_CONTAINER_LOG_LEVEL": "20",
+        "SAGEMAKER_REGION": region,
+        "SAGEMAKER_MODEL_SERVER_WORKERS": str(config.workers),
+        "OMP_NUM_THREADS": str(threads),
+        "MAX_BATCH": str(config.max_batch),
+        "DNNL_DEFAULT_FPMATH_MODE": "BF16",
+        "LRU_CACHE_CAPACITY": "1024",
+        "THP_MEM_ALLOC_ENABLE": "1",
+        "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
+    }
+
+
+def check(config: SentimentSettings) -> None:
+    """What the endpoint would only discover after a paid wait."""
+    family = config.instance_type.split(".")[1]
+    if family not in GRAVITON_FAMILIES:
+        raise SettingsError("sentiment.instance_type", config.instance_type,
+                            "a Graviton hosting type (arm64 image): ml.<family>.<size> with family one of "
+                            + ", ".join(GRAVITON_FAMILIES))
+    if config.workers > vcpus(config.instance_type):
+        raise SettingsError("sentiment.workers", config.workers,
+                            f"at most the {vcpus(config.instance_type)} vCPUs of {config.instance_type}")
+
+
+def _s3_object_arn(partition: str, url: str) -> str:
+    bucket, key = url.removeprefix("s3://").split("/", 1)
+    return f"arn:{partition}:s3:::{bucket}/{key}"
+
+
+class SentimentStack(EnvironmentStack):
+    def __init__(self, scope: Construct, *, settings: Settings, vpc: ec2.IVpc, key: kms.IKey,
+                 alarm_topic: sns.ITopic) -> None:
+        super().__init__(scope, "sentiment", settings=settings,
+                         description=f"Sentiment endpoint on {settings.sentiment.instance_type}")
+        config = settings.sentiment
+        check(config)
+        repository = GRAVITON_IMAGES[config.pytorch_version][0]
+        try:
+            image = graviton_image_uri(self.region, config.pytorch_version)
+            repository_arn = dlc_repository_arn(self.region, repository)
+        except UnsupportedRegionError as error:
+            raise SettingsError("region", settings.region, "a region with Deep Learning Containers") from error
+        self.endpoint_name = f"{settings.name}-sentiment"
+        log_group_arn = (f"arn:{self.partition}:logs:{self.region}:{self.account}:"
+                         f"log-group:/aws/sagemaker/Endpoints/{self.endpoint_name}")
+
+        role = iam.Role(self, "ExecutionRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+                        description=f"{self.endpoint_name}: read the model, pull the image, write logs")
+        security_group = ec2.SecurityGroup(
+            self, "ModelSecurityGroup", vpc=vpc, allow_all_outbound=False,
+            description="Sentiment model: no inbound; HTTPS out for the model download through the VPC")
+        security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "model artifact download from S3")
+
+        model = sagemaker.CfnModel(
+            self, "Model",
+            execution_role_arn=role.role_arn,
+            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
+                image=image,
+                model_data_url=config.model_data_url,
+                environment=container_environment(config, self.region),
+            ),
+            enable_network_isolation=True,
+            vpc_config=sagemaker.CfnModel.VpcConfigProperty(
+                subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnet_ids,
+                security_group_ids=[security_group.security_group_id],
+            ),
+        )
+        # The role's policy must exist before SageMaker validates the model against it.
+        model.node.add_dependency(role)
+        endpoint_config = sagemaker.CfnEndpointConfig(
+            self, "EndpointConfig",
+            kms_key_id=key.key_arn,
+            production_variants=[sagemaker.CfnEndpointConfig.ProductionVariantProperty(
+                variant_name=VARIANT,
+                model_name=model.attr_model_name,
+                initial_instance_count=config.min_instances,
+                instance_type=config.instance_type,
+            )],
+        )
+        alarms = self._alarms(config, alarm_topic)
+        self.endpoint = sagemaker.CfnEndpoint(
+            self, "Endpoint",
+            endpoint_name=self.endpoint_name,
+            endpoint_config_name=endpoint_config.attr_endpoint_config_name,
+            deployment_config=sagemaker.CfnEndpoint.DeploymentConfigProperty(
+                blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
+                    traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+                        type="CANARY",
+                        canary_size=sagemaker.CfnEndpoint.CapacitySizeProperty(
+                            type="CAPACITY_PERCENT", value=config.canary_percent),
+                        wait_interval_in_seconds=config.bake_minutes * 60,
+                    ),
+                    termination_wait_in_seconds=config.bake_minutes * 60,
+                    maximum_execution_timeout_in_seconds=3600,
+                ),
+                auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
+                    alarms=[sagemaker.CfnEndpoint.AlarmProperty(alarm_name=a.alarm_name) for a in alarms],
+                ),
+            ),
+        )
+        if config.max_instances > config.min_instances:
+            self._autoscaling(config)
+
+        self._grant(role, image_repository_arn=repository_arn, model_data_url=config.model_data_url or "",
+                    key=key, log_group_arn=log_group_arn)
+
+        cdk.CfnOutput(self, "EndpointName", value=self.endpoint_name, description="Sentiment endpoint")
+        cdk.CfnOutput(self, "PredictCommand",
+                      value=(f"python -m inference.predict --endpoint {self.endpoint_name} --region {self.region} "
+                             "'Covid cases are increasing fast!'"),
+                      description="Try the endpoint")
+        cdk.CfnOutput(self, "LogGroupName", value=f"/aws/sagemaker/Endpoints/{self.endpoint_name}",
+                      description="Endpoint container logs")
+
+    def _alarms(self, config: SentimentSettings, topic: sns.ITopic) -> list[cloudwatch.Alarm]:
+        """5xx errors and p90 model latency: they notify, and roll back a deployment while it bakes."""
+        dimensions = {"EndpointName": self.endpoint_name, "VariantName": VARIANT}
+        errors = cloudwatch.Alarm(
+            self, "Errors5xx",
+            metric=cloudwatch.Metric(namespace="AWS/SageMaker", metric_name="Invocation5XXErrors",
+                                     dimensions_map=dimensions, statistic="Sum", period=cdk.Duration.minutes(1)),
+            threshold=1, evaluation_periods=2, datapoints_to_alarm=2,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"{self.endpoint_name}: 5xx errors on two consecutive minutes",
+        )
+        latency = cloudwatch.Alarm(
+            self, "LatencyP90",
+            # ModelLatency is reported in microseconds.
+            metric=cloudwatch.Metric(namespace="AWS/SageMaker", metric_name="ModelLatency",
+                                     dimensions_map=dimensions, statistic="p90", period=cdk.Duration.minutes(1)),
+            threshold=config.latency_alarm_ms * 1000, evaluation_periods=3, datapoints_to_alarm=3,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"{self.endpoint_name}: p90 model latency above {config.latency_alarm_ms} ms",
+        )
+        for alarm in (errors, latency):
+            alarm.add_alarm_action(cw_actions.SnsAction(topic))
+        return [errors, latency]
+
+    def _autoscaling(self, config: SentimentSettings) -> None:
+        # Application Auto Scaling's service-linked role already holds exactly the SageMaker permissions it needs.
+        service_linked_role = iam.Role.from_role_arn(
+            self, "ScalingRole",
+            f"arn:{self.partition}:iam::{self.account}:role/aws-service-role/"
+            "sagemaker.application-autoscaling.amazonaws.com/AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint",
+            mutable=False)
+        target = appscaling.ScalableTarget(
+            self, "ScalableTarget",
+            role=service_linked_role,
+            service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
+            resource_id=f"endpoint/{self.endpoint_name}/variant/{VARIANT}",
+            scalable_dimension="sagemaker:variant:DesiredInstanceCount",
+            min_capacity=config.min_instances, max_capacity=config.max_instances,
+        )
+        target.node.add_dependency(self.endpoint)
+        target.scale_to_track_metric(
+            "InvocationsPerInstance",
+            predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
+            target_value=config.invocations_per_instance,
+            scale_in_cooldown=cdk.Duration.minutes(5), scale_out_cooldown=cdk.Duration.minutes(1),
+        )
+
+    def _grant(self, role: iam.Role, *, image_repository_arn: str, model_data_url: str, key: kms.IKey,
+               log_group_arn: str) -> None:
+        """Exactly what hosting needs: the model object, the key, the image, its logs, metrics, VPC, alarms."""
+        statements = [
+            iam.PolicyStatement(sid="ReadModel", actions=["s3:GetObject"],
+                                resources=[_s3_object_arn(self.partition, model_data_url)]),
+            iam.PolicyStatement(sid="DecryptModel", actions=["kms:Decrypt"], resources=[key.key_arn],
+                                conditions={"StringEquals": {"kms:ViaService": f"s3.{self.region}.amazonaws.com"}}),
+            iam.PolicyStatement(sid="PullImage", resources=[image_repository_arn],
+                                actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+                                         "ecr:BatchCheckLayerAvailability"]),
+            iam.PolicyStatement(sid="RegistryLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]),
+            iam.PolicyStatement(sid="WriteLogs", resources=[f"{log_group_arn}:*"],
+                                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents",
+                                         "logs:DescribeLogStreams"]),
+            iam.PolicyStatement(sid="PutMetrics", actions=["cloudwatch:PutMetricData"], resources=["*"],
+                                conditions={"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}),
+            iam.PolicyStatement(sid="ReadRollbackAlarms", actions=["cloudwatch:DescribeAlarms"], resources=["*"]),
+            iam.PolicyStatement(sid="VpcAccess", resources=["*"], actions=[
+                "ec2:CreateNetworkInterface", "ec2:CreateNetworkInterfacePermission", "ec2:DeleteNetworkInterface",
+                "ec2:DeleteNetworkInterfacePermission", "ec2:DescribeNetworkInterfaces", "ec2:DescribeVpcs",
+                "ec2:DescribeDhcpOptions", "ec2:DescribeSubnets", "ec2:DescribeSecurityGroups"]),
+        ]
+        for statement in statements:
+            role.add_to_policy(statement)
+        acknowledge(role, "IAM5[Resource::*]",
+                    "ecr:GetAuthorizationToken, PutMetricData (namespace-scoped), DescribeAlarms and the VPC "
+                    "network-interface actions SageMaker performs have no resource-level scope.")
+        partition = "<AWS::Partition>" if cdk.Token.is_unresolved(self.partition) else self.partition
+        account = "<AWS::AccountId>" if cdk.Token.is_unresolved(self.account) else self.account
+        acknowledge(role, f"IAM5[Resource::arn:{partition}:logs:{self.region}:{account}:log-group:"
+                    f"/aws/sagemaker/Endpoints/{self.endpoint_name}:*]",
+                    "Log streams of this endpoint's own log group are created per instance.")
