@@ -14,10 +14,11 @@ def main() -> int:
     app = new_app()
     try:
         settings = settings_from_context(app.node.get_all_context())
+        # Stacks check what only they can (GPU memory, instance families) and raise SettingsError too.
+        build_environment(app, settings)
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    build_environment(app, settings)
     add_checks(app)
     app.synth()
     return 0

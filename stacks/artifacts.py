@@ -82,7 +82,7 @@ class ArtifactsStack(EnvironmentStack):
         return bucket
 
     def _artifact_bucket(self, config: ArtifactSettings) -> s3.Bucket:
-        return s3.Bucket(
+        bucket = s3.Bucket(
             self, "Artifacts",
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.key,
@@ -99,6 +99,12 @@ class ArtifactsStack(EnvironmentStack):
             )],
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
+        # The operations stack reacts to a run's _SUCCESS marker through EventBridge. Set natively rather than
+        # with event_bridge_enabled=True, which would add a custom-resource Lambda for the same switch.
+        cfn_bucket = bucket.node.default_child
+        cfn_bucket.notification_configuration = s3.CfnBucket.NotificationConfigurationProperty(
+            event_bridge_configuration=s3.CfnBucket.EventBridgeConfigurationProperty(event_bridge_enabled=True))
+        return bucket
 
     def objects_arn(self, key_prefix: str) -> str:
         """ARN of the objects under `key_prefix` (e.g. "models/sentiment/"), for a consumer stack's IAM policy."""

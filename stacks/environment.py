@@ -11,6 +11,7 @@ from constructs import Construct
 
 from stacks.artifacts import ArtifactsStack
 from stacks.network import NetworkStack
+from stacks.operations import OperationsStack
 from stacks.settings import CDK_JSON, Settings
 
 
@@ -30,6 +31,7 @@ def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks
     artifacts = ArtifactsStack(scope, settings=settings)
     network = NetworkStack(scope, settings=settings, key=artifacts.key)
     stacks = EnvironmentStacks(artifacts=artifacts, network=network)
+    stacks.optional["operations"] = OperationsStack(scope, settings=settings, artifacts=artifacts)
     # Workload stacks are imported only when enabled, so a disabled one costs nothing at synth.
     if settings.training.enabled:
         from stacks.training import TrainingStack

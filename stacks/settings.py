@@ -27,7 +27,7 @@ LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 
                       2557, 2922, 3288, 3653)
 
 # Context keys that belong to the CDK itself or to the environment selector, not to our settings.
-_RESERVED_CONTEXT_KEYS = {"env", "environments"}
+_RESERVED_CONTEXT_KEYS = {"env", "environments", "shared"}
 
 
 class SettingsError(ValueError):
@@ -195,6 +195,36 @@ class FalconSettings:
 
 
 @dataclass(frozen=True)
+class OperationsSettings:
+    """Glue and visibility: model registration, the training watchdog, alarms and the dashboard."""
+
+    # Subscribed to the environment's alarm topic when set (the subscription must be confirmed by mail).
+    alarm_email: str | None = setting(None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", describe="an e-mail address")
+    watchdog_minutes: int = setting(15, minimum=5, maximum=1440)
+    log_retention_days: int = setting(90, choices=LOG_RETENTION_DAYS)
+    # Powertools for AWS Lambda, resolved at deploy time from its public SSM parameter.
+    powertools_version: str = setting("3.37.0", pattern=r"^\d+\.\d+\.\d+$", describe="a version such as 3.37.0")
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The CDK pipeline that deploys dev, staging and prod; usually set once in cdk.json `shared`."""
+
+    enabled: bool = False
+    connection_arn: str = setting(
+        "arn:aws:codeconnections:us-west-2:111111111111:connection/00000000-0000-0000-0000-000000000000",
+        pattern=r"^arn:aws[a-z-]*:code(star-)?connections:[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$",
+        describe="a CodeConnections connection ARN")
+    repository: str = setting("my-org/ml-recipes", pattern=r"^[\w.-]+/[\w.-]+$", describe="owner/name")
+    branch: str = setting("main", pattern=r"^[\w./-]+$", describe="a branch name")
+    account: str | None = setting(None, pattern=r"^\d{12}$", describe="a 12-digit AWS account id")
+    region: str | None = setting(None, pattern=REGION, describe="an AWS region name such as us-west-2")
+    stages: tuple[str, ...] = setting(("dev", "staging", "prod"), describe="environment names in deploy order")
+    # A manual approval is always placed before the prod stage.
+    approval_before: str = setting("prod", pattern=r"^[a-z][a-z0-9-]*$", describe="an environment name")
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything one environment deploys; built only through `load_settings`."""
 
@@ -208,6 +238,8 @@ class Settings:
     training: TrainingSettings = field(default_factory=TrainingSettings)
     sentiment: SentimentSettings = field(default_factory=SentimentSettings)
     falcon: FalconSettings = field(default_factory=FalconSettings)
+    operations: OperationsSettings = field(default_factory=OperationsSettings)
+    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
 
     @property
     def stack_prefix(self) -> str:
@@ -226,15 +258,26 @@ def read_environments(path: Path = CDK_JSON) -> dict[str, dict[str, Any]]:
     return {name: dict(values or {}) for name, values in environments.items()}
 
 
+def read_shared(path: Path = CDK_JSON) -> dict[str, Any]:
+    """Settings every environment shares (cdk.json context `shared`), such as the pipeline's source."""
+    return dict(json.loads(path.read_text())["context"].get("shared") or {})
+
+
+def environment_names() -> list[str]:
+    return list(read_environments())
+
+
 def load_settings(env_name: str | None = None, overrides: Mapping[str, Any] | None = None,
-                  environments: Mapping[str, Mapping[str, Any]] | None = None) -> Settings:
-    """Defaults, then the environment's declaration, then overrides; validated as one whole."""
-    environments = read_environments() if environments is None else environments
+                  environments: Mapping[str, Mapping[str, Any]] | None = None,
+                  shared: Mapping[str, Any] | None = None) -> Settings:
+    """Defaults, then shared values, then the environment's declaration, then overrides; validated as one."""
+    if environments is None:
+        environments, shared = read_environments(), read_shared() if shared is None else shared
     env_name = env_name or DEFAULT_ENVIRONMENT
     if env_name not in environments:
         raise SettingsError("env", env_name, "one of " + ", ".join(environments))
     values: dict[str, Any] = {}
-    for source in (environments[env_name], overrides or {}):
+    for source in (shared or {}, environments[env_name], overrides or {}):
         for key, value in _flatten(source).items():
             _check_known(key, value)
             values[key] = value

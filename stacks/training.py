@@ -105,6 +105,10 @@ class TrainingStack(EnvironmentStack):
                                                  delete_on_termination=True),
             )],
         )
+        # The watchdog (stacks/operations.py) finds overdue runs by these tags.
+        tags = {"component": "training", "run-id": config.run_id, "max-hours": str(config.max_hours)}
+        for tag, value in tags.items():
+            cdk.Tags.of(self.instance).add(tag, value)
         acknowledge(self.instance, "EC29",
                     "A one-shot training instance must be able to terminate itself when its run ends.")
 

@@ -13,8 +13,9 @@ from stacks.nag import acknowledge
 
 
 def test_stack_names_carry_the_environment(synthesized):
-    assert sorted(synthesized("dev").templates) == ["mlrecipes-dev-artifacts", "mlrecipes-dev-network"]
-    assert sorted(synthesized("prod").templates) == ["mlrecipes-prod-artifacts", "mlrecipes-prod-network"]
+    for env_name in ("dev", "prod"):
+        assert sorted(synthesized(env_name).templates) == [
+            f"mlrecipes-{env_name}-artifacts", f"mlrecipes-{env_name}-network", f"mlrecipes-{env_name}-operations"]
 
 
 def test_key_rotates_and_is_retained(synthesized):

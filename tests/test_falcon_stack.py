@@ -1,0 +1,210 @@
+"""The Falcon endpoint stack: what the template promises, read off two synthesized configurations (cdk-nag on)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from aws_cdk.assertions import Match
+
+from inference import lmi
+from stacks.settings import SettingsError, load_settings
+from tests.conftest import REPO_ROOT, synthesize
+
+HUB = {"falcon.enabled": "true"}
+# Weights from S3, the recipe's container with continuous batching unpaged, and autoscaling.
+S3 = {"falcon.enabled": "true", "falcon.model_s3_uri": "s3://models-bucket/falcon-40b/", "falcon.lmi_version": "0.23.0",
+      "falcon.batching": "rolling", "falcon.max_instances": "3", "account": "123456789012", "region": "eu-central-2"}
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("falcon-hub"), "prod", HUB)
+
+
+@pytest.fixture(scope="module")
+def from_s3(tmp_path_factory):
+    return synthesize(tmp_path_factory.mktemp("falcon-s3"), "prod", S3)
+
+
+def only(template, kind: str) -> dict:
+    (resource,) = template.find_resources(kind).values()
+    return resource["Properties"]
+
+
+def policy_statements(template) -> dict[str, dict]:
+    (policy,) = template.find_resources("AWS::IAM::Policy").values()
+    return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+
+
+def test_model_gets_the_rendered_configuration_as_environment(hub):
+    template = hub.template("falcon")
+    expected = lmi.to_environment(lmi.render(load_settings("prod", HUB).falcon))
+    container = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]
+    assert container["Environment"] == expected
+    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128"
+    assert "ModelDataSource" not in container
+
+
+def test_model_runs_in_the_private_subnets_and_downloads_from_the_hub(hub):
+    model = only(hub.template("falcon"), "AWS::SageMaker::Model")
+    assert model["EnableNetworkIsolation"] is False  # the container fetches the weights itself
+    subnets = model["VpcConfig"]["Subnets"]
+    assert len(subnets) == 2 and all("privateSubnet" in s["Fn::ImportValue"] for s in subnets)
+    (group,) = model["VpcConfig"]["SecurityGroupIds"]
+    assert group["Fn::GetAtt"][1] == "GroupId"
+
+
+def test_model_waits_for_the_role_policy_that_lets_it_pull(hub):
+    template = hub.template("falcon")
+    (policy_id,) = template.find_resources("AWS::IAM::Policy")
+    (model,) = template.find_resources("AWS::SageMaker::Model").values()
+    assert model["DependsOn"] == [policy_id]
+
+
+def test_security_group_has_no_inbound_and_https_out(hub, from_s3):
+    hub_group = only(hub.template("falcon"), "AWS::EC2::SecurityGroup")
+    assert "SecurityGroupIngress" not in hub_group
+    assert [(r["CidrIp"], r["FromPort"], r["ToPort"]) for r in hub_group["SecurityGroupEgress"]] == \
+        [("0.0.0.0/0", 443, 443)]
+    s3_group = only(from_s3.template("falcon"), "AWS::EC2::SecurityGroup")
+    assert [r["CidrIp"] for r in s3_group["SecurityGroupEgress"]] == ["10.40.0.0/16"]
+
+
+def test_only_the_endpoint_has_a_physical_name(hub):
+    template = hub.template("falcon")
+    assert "ModelName" not in only(template, "AWS::SageMaker::Model")
+    assert "EndpointConfigName" not in only(template, "AWS::SageMaker::EndpointConfig")
+    assert only(template, "AWS::SageMaker::Endpoint")["EndpointName"] == "prod-falcon"
+    assert "RoleName" not in only(template, "AWS::IAM::Role")
+
+
+def test_endpoint_config_sets_instance_and_timeouts_and_no_key_on_nvme(hub):
+    config = only(hub.template("falcon"), "AWS::SageMaker::EndpointConfig")
+    (variant,) = config["ProductionVariants"]
+    assert variant == {
+        "VariantName": "AllTraffic", "ModelName": {"Fn::GetAtt": ["Model", "ModelName"]},
+        "InstanceType": "ml.g5.48xlarge", "InitialInstanceCount": 1, "InitialVariantWeight": 1,
+        "ContainerStartupHealthCheckTimeoutInSeconds": 3600, "ModelDataDownloadTimeoutInSeconds": 3600,
+    }
+    # g5 has local NVMe: SageMaker rejects KmsKeyId and VolumeSizeInGB for it.
+    assert "KmsKeyId" not in config
+
+
+def test_alarms_on_server_errors_and_p90_latency_notify_the_topic(hub):
+    template = hub.template("falcon")
+    topic = {"Fn::ImportValue": Match.string_like_regexp("artifacts:.*Alarms")}
+    dimensions = [{"Name": "EndpointName", "Value": "prod-falcon"}, {"Name": "VariantName", "Value": "AllTraffic"}]
+    template.has_resource_properties("AWS::CloudWatch::Alarm", {
+        "Namespace": "AWS/SageMaker", "MetricName": "Invocation5XXErrors", "Statistic": "Sum",
+        "Dimensions": dimensions, "AlarmActions": [topic]})
+    template.has_resource_properties("AWS::CloudWatch::Alarm", {
+        "Namespace": "AWS/SageMaker", "MetricName": "ModelLatency", "ExtendedStatistic": "p90",
+        "Threshold": 45_000_000, "Dimensions": dimensions, "AlarmActions": [topic]})
+
+
+def test_no_autoscaling_when_min_equals_max(hub):
+    hub.template("falcon").resource_count_is("AWS::ApplicationAutoScaling::ScalableTarget", 0)
+
+
+def test_role_pulls_the_lmi_image_and_writes_its_own_logs_only(hub):
+    template = hub.template("falcon")
+    role = only(template, "AWS::IAM::Role")
+    assert role["AssumeRolePolicyDocument"]["Statement"] == [
+        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}]
+    assert "ManagedPolicyArns" not in role
+    statements = policy_statements(template)
+    assert sorted(statements) == ["EndpointLogs", "PullLmiImage", "RegistryLogin", "VpcNetworkInterfaces"]
+    assert statements["PullLmiImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/djl-inference"
+    assert "prod-falcon" in json.dumps(statements["EndpointLogs"]["Resource"])
+    assert "ec2:CreateNetworkInterface" in statements["VpcNetworkInterfaces"]["Action"]
+    assert not any(a.startswith(("s3:", "kms:")) for s in statements.values() for a in json.dumps(s["Action"]))
+
+
+def test_outputs_name_the_endpoint_an_invoke_command_and_the_log_group(hub):
+    template = hub.template("falcon")
+    template.has_output("EndpointName", {})
+    template.has_output("InvokeCommand", {"Value": Match.string_like_regexp(
+        "invoke-endpoint .*--endpoint-name prod-falcon .*max_new_tokens")})
+    template.has_output("LogGroupName", {"Value": "/aws/sagemaker/Endpoints/prod-falcon"})
+
+
+def test_weights_from_s3_are_attached_uncompressed_and_the_model_is_isolated(from_s3):
+    template = from_s3.template("falcon")
+    model = only(template, "AWS::SageMaker::Model")
+    assert model["EnableNetworkIsolation"] is True
+    container = model["PrimaryContainer"]
+    assert container["ModelDataSource"] == {"S3DataSource": {
+        "S3Uri": "s3://models-bucket/falcon-40b/", "S3DataType": "S3Prefix", "CompressionType": "None"}}
+    assert container["Environment"]["OPTION_MODEL_ID"] == "/opt/ml/model"
+    assert container["Environment"]["OPTION_PAGED_ATTENTION"] == "false"
+    assert container["Image"] == \
+        "380420809688.dkr.ecr.eu-central-2.amazonaws.com/djl-inference:0.23.0-deepspeed0.9.5-cu118"
+
+
+def test_role_reads_exactly_the_weights_prefix(from_s3):
+    statements = policy_statements(from_s3.template("falcon"))
+    assert statements["ReadWeights"]["Resource"] == "arn:aws:s3:::models-bucket/falcon-40b/*"
+    assert statements["ListWeights"]["Condition"] == {"StringLike": {"s3:prefix": ["falcon-40b/*"]}}
+    assert statements["DecryptWeights"]["Condition"] == {
+        "StringEquals": {"kms:ViaService": "s3.eu-central-2.amazonaws.com"}}
+    assert statements["EndpointLogs"]["Resource"][1] == \
+        "arn:aws:logs:eu-central-2:123456789012:log-group:/aws/sagemaker/Endpoints/prod-falcon:log-stream:*"
+
+
+def test_autoscaling_tracks_invocations_per_instance(from_s3):
+    template = from_s3.template("falcon")
+    template.has_resource("AWS::ApplicationAutoScaling::ScalableTarget", {
+        "Properties": {"ServiceNamespace": "sagemaker", "ResourceId": "endpoint/prod-falcon/variant/AllTraffic",
+                       "ScalableDimension": "sagemaker:variant:DesiredInstanceCount", "MinCapacity": 1,
+                       "MaxCapacity": 3},
+        "DependsOn": ["Endpoint"]})
+    assert "RoleARN" not in only(template, "AWS::ApplicationAutoScaling::ScalableTarget")
+    template.has_resource_properties("AWS::ApplicationAutoScaling::ScalingPolicy", {
+        "PolicyType": "TargetTrackingScaling",
+        "TargetTrackingScalingPolicyConfiguration": Match.object_like({
+            "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"}})})
+
+
+def test_templates_pass_cfn_lint(hub, from_s3):
+    files = [str(s.outdir / "mlrecipes-prod-falcon.template.json") for s in (hub, from_s3)]
+    # cfn-lint has no __main__ module: run its console entry point. Exit 0 means no error, warning or note.
+    runner = "import sys; from cfnlint.runner import main; sys.exit(main())"
+    result = subprocess.run([sys.executable, "-c", runner, *files], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+
+
+def test_a_bad_combination_stops_the_stack_before_any_resource(capsys):
+    from stacks.environment import build_environment, new_app
+
+    settings = load_settings("prod", {"falcon.enabled": "true", "falcon.instance_type": "ml.g5.24xlarge"})
+    app = new_app()
+    with pytest.raises(SettingsError, match=r"at most 4, the GPU count of one ml\.g5\.24xlarge"):
+        build_environment(app, settings)
+    assert app.node.try_find_child("mlrecipes-prod-falcon") is None
+
+
+def test_synth_prints_the_sizing_report(capsys):
+    from stacks.environment import build_environment, new_app
+
+    build_environment(new_app(), load_settings("prod", HUB))
+    err = capsys.readouterr().err
+    assert "falcon sizing (prod):" in err and "9.7 GiB per GPU" in err and "largest batch" in err
+
+
+def test_app_exits_1_with_one_line_for_a_combination_that_cannot_run(tmp_path):
+    context = {"falcon.enabled": "true", "falcon.instance_type": "ml.g5.2xlarge"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
+    env.update(JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20", CDK_CONTEXT_JSON=json.dumps(context),
+               CDK_OUTDIR=str(tmp_path), AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+               AWS_EC2_METADATA_DISABLED="true")
+    result = subprocess.run([sys.executable, "app.py"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: invalid setting falcon.tensor_parallel_degree=8: expected at most 1, the GPU count of one "
+        "ml.g5.2xlarge"]
+    assert not (tmp_path / "manifest.json").exists()

@@ -1,0 +1,376 @@
+"""inference.lmi: the LMI rendering in each era, each rule passing and failing, the recipe's sizing numbers, the CLI.
+
+Pure Python and fast: no aws_cdk, no synth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+from inference import lmi
+from stacks.settings import FalconSettings, SettingsError, load_settings
+from tests.conftest import REPO_ROOT
+
+DEFAULT = FalconSettings()
+
+
+def falcon(**changes) -> FalconSettings:
+    return dataclasses.replace(DEFAULT, **changes)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    pairs = [line.split("=", 1) for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    return {key: value for key, value in pairs}
+
+
+# --- rendering --------------------------------------------------------------------------------------
+
+COMMON = {"option.model_id": "tiiuae/falcon-40b", "option.tensor_parallel_degree": "8", "option.dtype": "fp16",
+          "option.model_loading_timeout": "1800"}
+
+
+def test_recipe_era_renders_the_recipes_three_configurations():
+    """0.23: the recipe's table, key for key (dynamic; continuous; continuous + PagedAttention)."""
+    recipe = {**COMMON, "option.trust_remote_code": "true"}
+    rolling = {**recipe, "engine": "MPI", "option.rolling_batch": "auto", "option.max_rolling_batch_size": "32",
+               "option.max_rolling_batch_prefill_tokens": "1024"}
+    assert lmi.render(falcon(lmi_version="0.23.0", batching="dynamic")) == {
+        **recipe, "engine": "Python", "batch_size": "4", "max_batch_delay": "100"}
+    assert lmi.render(falcon(lmi_version="0.23.0", batching="rolling")) == {
+        **rolling, "option.paged_attention": "false"}
+    assert lmi.render(falcon(lmi_version="0.23.0", batching="rolling_paged")) == {
+        **rolling, "option.paged_attention": "true"}
+
+
+def test_vllm_era_renders_dynamic_and_paged_with_its_own_keys():
+    modern = {**COMMON, "option.trust_remote_code": "false"}
+    assert lmi.render(falcon(batching="dynamic")) == {
+        **modern, "engine": "Python", "option.rolling_batch": "disable", "batch_size": "4", "max_batch_delay": "100"}
+    assert lmi.render(falcon()) == {
+        **modern, "engine": "Python", "option.rolling_batch": "vllm", "option.max_rolling_batch_size": "32",
+        "option.max_rolling_batch_prefill_tokens": "1024", "option.max_model_len": "1280",
+        "option.gpu_memory_utilization": "0.9", "option.enable_chunked_prefill": "true"}
+
+
+def test_lmi_dist_era_uses_mpi_and_has_no_paging_switch():
+    props = lmi.render(falcon(lmi_version="0.29.0", max_rolling_batch_prefill_tokens=2048))
+    assert (props["engine"], props["option.rolling_batch"]) == ("MPI", "lmi-dist")
+    assert "option.paged_attention" not in props
+    assert "option.enable_chunked_prefill" not in props
+    assert props["option.max_model_len"] == "1280"
+
+
+def test_chunked_prefill_only_when_the_prefill_budget_is_below_the_model_length():
+    assert "option.enable_chunked_prefill" not in lmi.render(falcon(max_rolling_batch_prefill_tokens=1280))
+    assert lmi.render(falcon(max_rolling_batch_prefill_tokens=1279))["option.enable_chunked_prefill"] == "true"
+
+
+def test_weights_from_s3_are_served_from_the_model_directory():
+    props = lmi.render(falcon(model_s3_uri="s3://models-bucket/falcon-40b/"))
+    assert props["option.model_id"] == "/opt/ml/model"
+
+
+def test_the_modes_never_mix_their_keys():
+    for version in lmi.LMI_IMAGE_TAGS:
+        dynamic = lmi.render(falcon(lmi_version=version, batching="dynamic"))
+        assert not any("rolling_batch_size" in k or "prefill" in k or "paged" in k for k in dynamic)
+        paged = lmi.render(falcon(lmi_version=version))
+        assert "batch_size" not in paged and "max_batch_delay" not in paged
+
+
+VALID_COMBINATIONS = [(v, b) for v in lmi.LMI_IMAGE_TAGS for b in ("dynamic", "rolling", "rolling_paged")
+                      if b != "rolling" or lmi.era(v).paged_attention_switch]
+
+
+@pytest.mark.parametrize(("version", "batching"), VALID_COMBINATIONS)
+def test_environment_and_properties_file_agree_key_by_key(version, batching):
+    props = lmi.render(falcon(lmi_version=version, batching=batching, max_rolling_batch_prefill_tokens=1280))
+    from_file = parse_properties(lmi.to_properties_file(props))
+    environment = lmi.to_environment(props)
+    assert from_file == props
+    assert len(environment) == len(from_file)
+    for key, value in from_file.items():
+        assert environment[lmi.environment_name(key)] == value, key
+
+
+def test_environment_names_follow_djl_serving():
+    assert lmi.environment_name("engine") == "OPTION_ENGINE"
+    assert lmi.environment_name("option.max_rolling_batch_size") == "OPTION_MAX_ROLLING_BATCH_SIZE"
+    assert lmi.environment_name("batch_size") == "SERVING_BATCH_SIZE"
+    assert lmi.environment_name("max_batch_delay") == "SERVING_MAX_BATCH_DELAY"
+
+
+# --- rules: one passing and one failing case each -------------------------------------------------------
+
+def refused(rule, settings: FalconSettings, key: str, *fragments: str) -> SettingsError:
+    with pytest.raises(SettingsError) as caught:
+        rule(settings)
+    assert caught.value.key == key
+    for fragment in fragments:
+        assert fragment in str(caught.value), str(caught.value)
+    return caught.value
+
+
+def test_timeouts_within_sagemakers_limits():
+    lmi.check_timeouts(falcon(download_timeout_s=60, model_loading_timeout_s=3600))
+    refused(lmi.check_timeouts, falcon(download_timeout_s=59), "falcon.download_timeout_s", "60 to 3600")
+    refused(lmi.check_timeouts, falcon(startup_health_check_timeout_s=3601),
+            "falcon.startup_health_check_timeout_s", "60 to 3600")
+
+
+def test_health_check_must_outlast_model_loading():
+    lmi.check_health_check_covers_loading(falcon(startup_health_check_timeout_s=1800, model_loading_timeout_s=1800))
+    refused(lmi.check_health_check_covers_loading,
+            falcon(startup_health_check_timeout_s=900, model_loading_timeout_s=1800),
+            "falcon.startup_health_check_timeout_s", "at least falcon.model_loading_timeout_s (1800)")
+
+
+def test_dynamic_batching_refuses_rolling_keys_and_rolling_refuses_dynamic_keys():
+    lmi.check_batching_keys(falcon(batching="dynamic", batch_size=8))
+    lmi.check_batching_keys(falcon(max_rolling_batch_size=64))
+    refused(lmi.check_batching_keys, falcon(batching="dynamic", max_rolling_batch_size=64),
+            "falcon.max_rolling_batch_size", "mutually exclusive", "falcon.batch_size")
+    refused(lmi.check_batching_keys, falcon(batch_size=8), "falcon.batch_size", "falcon.max_rolling_batch_size")
+
+
+def test_rolling_without_paging_only_where_the_container_offers_it():
+    lmi.check_mode_in_version(falcon(lmi_version="0.23.0", batching="rolling"))
+    for version in ("0.27.0", "0.29.0", "0.33.0", "0.38.0"):
+        refused(lmi.check_mode_in_version, falcon(lmi_version=version, batching="rolling"), "falcon.batching",
+                "lmi_version 0.23.0", "rolling_paged")
+    with pytest.raises(SettingsError):
+        lmi.render(falcon(batching="rolling"))
+
+
+def test_prefill_budget_holds_a_prompt_unless_chunked():
+    lmi.check_prefill_holds_a_prompt(falcon(max_rolling_batch_prefill_tokens=512))  # vLLM chunks the prompt
+    lmi.check_prefill_holds_a_prompt(falcon(lmi_version="0.27.0", max_input_tokens=1024))
+    refused(lmi.check_prefill_holds_a_prompt, falcon(lmi_version="0.27.0", max_rolling_batch_prefill_tokens=512),
+            "falcon.max_rolling_batch_prefill_tokens", "at least falcon.max_input_tokens (1024)")
+
+
+def test_tensor_parallel_at_most_the_gpu_count():
+    lmi.check_tensor_parallel(falcon(instance_type="ml.g5.24xlarge", tensor_parallel_degree=4))
+    refused(lmi.check_tensor_parallel, falcon(instance_type="ml.g5.24xlarge"), "falcon.tensor_parallel_degree",
+            "at most 4", "ml.g5.24xlarge")
+
+
+def test_tensor_parallel_divides_the_attention_heads():
+    seven_b = falcon(model_id="tiiuae/falcon-7b", instance_type="ml.g5.12xlarge")
+    lmi.check_tensor_parallel(dataclasses.replace(seven_b, tensor_parallel_degree=1))
+    refused(lmi.check_tensor_parallel, dataclasses.replace(seven_b, tensor_parallel_degree=2),
+            "falcon.tensor_parallel_degree", "71 attention heads")
+
+
+def test_only_gpu_instances_lmi_runs_on():
+    refused(lmi.check_tensor_parallel, falcon(instance_type="ml.c7g.4xlarge"), "falcon.instance_type",
+            "ml.g5.*", "ml.p5.*")
+    refused(lmi.check_tensor_parallel, falcon(instance_type="ml.g5.96xlarge"), "falcon.instance_type")
+
+
+def test_a_model_outside_the_catalogue_must_describe_itself():
+    other = falcon(model_id="acme/llm-13b", tensor_parallel_degree=4, instance_type="ml.g5.12xlarge")
+    error = refused(lmi.architecture, other, "falcon.model_layers", "acme/llm-13b", "falcon.model_kv_heads",
+                    "falcon.model_parameters_billion")
+    assert "falcon.model_layers" in error.allowed
+    described = dataclasses.replace(other, model_layers=40, model_attention_heads=40, model_kv_heads=40,
+                                    model_head_dim=128, model_parameters_billion=13.0)
+    assert lmi.architecture(described) == lmi.Architecture(40, 40, 40, 128, 13.0)
+    assert lmi.check(described) == []
+    refused(lmi.check, dataclasses.replace(described, model_kv_heads=None), "falcon.model_kv_heads")
+
+
+def test_settings_override_catalogue_numbers():
+    assert lmi.architecture(falcon(model_layers=30)).layers == 30
+    assert lmi.architecture(falcon(model_id="tiiuae/falcon-40b-instruct")) == lmi.CATALOGUE["tiiuae/falcon-40b"]
+
+
+def test_weights_must_fit():
+    lmi.check_memory(falcon(model_id="tiiuae/falcon-7b", instance_type="ml.g5.2xlarge", tensor_parallel_degree=1))
+    refused(lmi.check_memory, falcon(instance_type="ml.g5.2xlarge", tensor_parallel_degree=1),
+            "falcon.instance_type", "77.9 GiB", "tensor parallel 8 on ml.g5.48xlarge")
+
+
+def test_weights_that_leave_no_kv_room_are_refused():
+    refused(lmi.check_memory, falcon(instance_type="ml.g5.24xlarge", tensor_parallel_degree=4),
+            "falcon.instance_type", "room for the KV cache", "19.5 GiB", "tensor parallel 8 on ml.g5.48xlarge")
+
+
+def test_kv_room_must_hold_the_configured_batch_and_the_error_names_the_largest():
+    largest = lmi.sizing(DEFAULT).largest_batch
+    lmi.check_memory(falcon(max_rolling_batch_size=int(largest * 0.8)))
+    refused(lmi.check_memory, falcon(max_rolling_batch_size=largest + 1), "falcon.max_rolling_batch_size",
+            f"at most {largest}:", "1024 + 256 tokens")
+
+
+def test_dynamic_batching_is_sized_by_batch_size():
+    refused(lmi.check_memory, falcon(batching="dynamic", batch_size=64, max_input_tokens=16000,
+                                     max_new_tokens=4000), "falcon.batch_size", "at most 33:")
+
+
+def test_little_headroom_is_a_warning():
+    largest = lmi.sizing(DEFAULT).largest_batch
+    assert lmi.check_memory(falcon(max_rolling_batch_size=int(largest * 0.8))) == []
+    (warning,) = lmi.check_memory(falcon(max_rolling_batch_size=largest))
+    assert "little headroom" in warning and "100% of the KV room" in warning
+
+
+@pytest.mark.parametrize("version", lmi.LMI_IMAGE_TAGS)
+def test_the_defaults_pass_in_every_version(version):
+    assert lmi.check(falcon(lmi_version=version)) == []
+
+
+def test_falcon_40b_on_a_single_a10g_is_refused():
+    with pytest.raises(SettingsError, match=r"at most 1, the GPU count of one ml\.g5\.2xlarge"):
+        lmi.check(load_settings("prod", {"falcon.instance_type": "ml.g5.2xlarge"}).falcon)
+    with pytest.raises(SettingsError, match="GPUs that hold the weights"):
+        lmi.check(falcon(instance_type="ml.g5.2xlarge", tensor_parallel_degree=1))
+
+
+# --- sizing: the recipe's numbers ---------------------------------------------------------------------
+
+def test_kv_bytes_per_token():
+    forty, seven = lmi.CATALOGUE["tiiuae/falcon-40b"], lmi.CATALOGUE["tiiuae/falcon-7b"]
+    assert lmi.kv_bytes_per_token(forty, "fp16") == 122_880  # 120 KiB; hidden-size formulas say 16x more
+    assert lmi.kv_bytes_per_token(seven, "fp16") == 8_192
+    # Tensor parallelism splits the 8 KV heads of Falcon-40B...
+    assert lmi.kv_bytes_per_token(forty, "fp16", 8) == 122_880 // 8
+    assert lmi.kv_bytes_per_token(forty, "fp16", 4) == 122_880 // 4
+    # ...but a single KV head (multi-query) is replicated on every GPU.
+    assert lmi.kv_bytes_per_token(seven, "fp16", 4) == 8_192
+
+
+def test_falcon_40b_tp4_on_g5_24xlarge_is_about_20_gb_per_gpu_at_about_84_percent():
+    report = lmi.sizing(falcon(instance_type="ml.g5.24xlarge", tensor_parallel_degree=4))
+    assert report.weights_gib == pytest.approx(77.93, abs=0.01)  # 41.84 B x 2 bytes = 83.7 GB
+    assert report.weights_per_gpu_gib == pytest.approx(19.48, abs=0.01)  # the recipe: about 20 GB
+    # The recipe's 84% is 20/24 from rounded figures; exactly, 87% of the 22.5 GiB an A10G gives CUDA.
+    assert report.weights_share == pytest.approx(0.84, abs=0.04)
+    assert report.tokens_fit == 0 and report.largest_batch == 0
+
+
+def test_falcon_40b_tp8_on_g5_48xlarge_is_about_10_gb_per_gpu():
+    report = lmi.sizing(DEFAULT)
+    assert report.weights_per_gpu_gib == pytest.approx(9.74, abs=0.01)
+    assert report.weights_share == pytest.approx(0.43, abs=0.01)  # "about 60% left" for activations and KV
+    assert report.kv_bytes_per_token_per_gpu == 15_360
+    room = (23028 / 1024 * 0.9 - 77.93 / 8 - lmi.RESERVE_GIB) * lmi.GIB
+    assert report.tokens_fit == pytest.approx(room / 15_360, rel=1e-3)
+    assert report.largest_batch == report.tokens_fit // 1280
+
+
+def test_report_speaks_the_recipes_terms():
+    text = lmi.sizing(DEFAULT).format_report()
+    for fragment in ("ml.g5.48xlarge (8x A10G", "9.7 GiB per GPU = 43% of GPU memory", "122,880 bytes per token",
+                     "15,360 per GPU", "tokens", "largest batch", "max_rolling_batch_size=32"):
+        assert fragment in text, text
+
+
+# --- images -------------------------------------------------------------------------------------------
+
+def test_image_uri_per_region_and_version():
+    assert lmi.image_uri("us-west-2", "0.23.0") == \
+        "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.23.0-deepspeed0.9.5-cu118"
+    assert lmi.image_uri("cn-north-1", "0.33.0") == \
+        "727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/djl-inference:0.33.0-lmi15.0.0-cu128"
+    assert lmi.repository_arn("us-gov-west-1") == \
+        "arn:aws-us-gov:ecr:us-gov-west-1:442386744353:repository/djl-inference"
+    with pytest.raises(SettingsError) as caught:
+        lmi.image_uri("xx-nowhere-1", "0.33.0")
+    assert caught.value.key == "region"
+
+
+def test_image_uris_agree_with_the_sagemaker_sdk():
+    """The SDK's offline image_uris, for every region and version both know (the SDK may lag or lead).
+
+    Accounts, repository and tag come from the SDK's tables for every pair; `retrieve()` itself (about 80 ms a
+    call) checks the URI's form in one region of each partition.
+    """
+    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from stacks.images import DLC_ACCOUNTS
+
+    compared = 0
+    for framework in ("djl-lmi", "djl-deepspeed"):
+        versions = image_uris.config_for_framework(framework)["versions"]
+        for version in set(versions) & set(lmi.LMI_IMAGE_TAGS):
+            sdk = versions[version]
+            assert (sdk["repository"], sdk["tag_prefix"]) == (lmi.LMI_REPOSITORY, lmi.LMI_IMAGE_TAGS[version])
+            assert set(DLC_ACCOUNTS) <= set(sdk["registries"]), sorted(set(DLC_ACCOUNTS) - set(sdk["registries"]))
+            for region in DLC_ACCOUNTS:
+                assert lmi.image_uri(region, version).split(".", 1)[0] == sdk["registries"][region], region
+                compared += 1
+            for region in ("us-west-2", "eu-central-2", "cn-northwest-1", "us-gov-east-1"):
+                assert lmi.image_uri(region, version) == image_uris.retrieve(framework, region=region, version=version)
+    assert compared == len(lmi.LMI_IMAGE_TAGS) * len(DLC_ACCOUNTS)  # every version of ours is in the SDK
+
+
+def test_every_selectable_version_has_an_image_and_an_era():
+    from stacks.settings import LMI_VERSIONS
+
+    assert set(LMI_VERSIONS) == set(lmi.LMI_IMAGE_TAGS)
+    assert sorted(v for e in lmi.ERAS for v in e.versions) == sorted(LMI_VERSIONS)
+    with pytest.raises(SettingsError, match=r"falcon\.lmi_version"):
+        lmi.era("0.99.0")
+
+
+def test_local_nvme_instance_types():
+    assert lmi.has_local_nvme("ml.g5.48xlarge") and lmi.has_local_nvme("ml.p4d.24xlarge")
+    assert not lmi.has_local_nvme("ml.c7g.4xlarge")
+
+
+# --- command line ---------------------------------------------------------------------------------------
+
+def test_cli_renders_the_environments_properties_file(capsys):
+    assert lmi.main(["render", "--env", "prod"]) == 0
+    out = capsys.readouterr().out
+    assert parse_properties(out) == lmi.render(load_settings("prod").falcon)
+
+
+def test_cli_renders_environment_variables_with_overrides(capsys):
+    assert lmi.main(["render", "--format", "env", "--lmi-version", "0.23.0", "--batching", "rolling"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "OPTION_PAGED_ATTENTION=false" in lines and "OPTION_ENGINE=MPI" in lines
+
+
+def test_cli_sizing_prints_the_report_and_refuses_what_cannot_run(capsys):
+    assert lmi.main(["sizing", "--instance-type", "ml.g5.24xlarge", "--tensor-parallel-degree", "4"]) == 1
+    captured = capsys.readouterr()
+    assert "19.5 GiB per GPU = 87% of GPU memory" in captured.out
+    (line,) = captured.err.splitlines()
+    assert line.startswith("error: invalid setting falcon.instance_type='ml.g5.24xlarge'")
+
+
+def test_cli_warnings_go_to_stderr(capsys):
+    largest = lmi.sizing(DEFAULT).largest_batch
+    assert lmi.main(["sizing", "--max-rolling-batch-size", str(largest)]) == 0
+    assert capsys.readouterr().err.startswith("warning: little headroom")
+
+
+def test_cli_validates_flags_like_synth(capsys):
+    assert lmi.main(["render", "--tensor-parallel-degree", "three"]) == 1
+    assert capsys.readouterr().err.strip() == \
+        "error: invalid setting falcon.tensor_parallel_degree='three': expected one of 1, 2, 4, 8"
+
+
+def test_cli_usage(capsys):
+    assert lmi.main(["--help"]) == 0
+    assert "sizing" in capsys.readouterr().out
+    assert lmi.main(["sizing", "--no-such-flag"]) == 2
+    assert lmi.main([]) == 2
+
+
+def test_module_runs_without_aws_cdk_and_exits_1_on_a_bad_combination():
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "inference.lmi", "sizing", "--instance-type", "ml.g5.2xlarge"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert errors == ["error: invalid setting falcon.tensor_parallel_degree=8: expected at most 1, the GPU count "
+                      "of one ml.g5.2xlarge"]
+    assert "aws_cdk" not in result.stderr and "jsii" not in result.stderr
