@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-dev synth test lint format train-local clean
+.PHONY: help install install-dev synth synth-pipeline test lint format train-local loadtest clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -46,6 +46,11 @@ synth: install  ## synthesize every stack of ENV (default dev) into cdk.out/
 	npx cdk synth --quiet --no-notices -c env=$(ENV) $(CDK_ARGS)
 	$(PY) -m stacks.summary cdk.out
 
+synth-pipeline: install  ## synthesize the delivery pipeline (dev -> staging -> approval -> prod)
+	rm -rf cdk.out
+	npx cdk synth --quiet --no-notices -c pipeline.enabled=true $(CDK_ARGS) mlrecipes-pipeline
+	$(PY) -m stacks.summary cdk.out
+
 test: install-dev  ## lint, then the whole test suite
 	$(PY) -m ruff check .
 	$(PY) -m pytest
@@ -55,6 +60,9 @@ lint: install-dev  ## ruff only
 
 format: install-dev  ## apply ruff's formatter and import order
 	$(PY) -m ruff check --fix --select I .
+
+loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
+	$(PY) -m inference.loadtest --url $(URL) $(ARGS)
 
 clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .ruff_cache

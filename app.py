@@ -7,15 +7,22 @@ import sys
 
 from stacks.environment import build_environment, new_app
 from stacks.nag import add_checks
-from stacks.settings import SettingsError, settings_from_context
+from stacks.pipeline import PipelineStack
+from stacks.settings import SettingsError, load_settings, overrides_from_context, settings_from_context
 
 
 def main() -> int:
     app = new_app()
     try:
-        settings = settings_from_context(app.node.get_all_context())
+        context = app.node.get_all_context()
+        settings = settings_from_context(context)
         # Stacks check what only they can (GPU memory, instance families) and raise SettingsError too.
-        build_environment(app, settings)
+        if settings.pipeline.enabled:
+            overrides = overrides_from_context(context)
+            stages = [load_settings(name, overrides) for name in settings.pipeline.stages]
+            PipelineStack(app, settings=settings, stages=stages, overrides=overrides)
+        else:
+            build_environment(app, settings)
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -10,7 +10,6 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from stacks.base import EnvironmentStack
-from stacks.nag import acknowledge
 from stacks.settings import ArtifactSettings, Settings
 
 
@@ -78,7 +77,6 @@ class ArtifactsStack(EnvironmentStack):
             )],
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
-        acknowledge(bucket, "S1", "This is the access-log bucket; logging it into itself would loop.")
         return bucket
 
     def _artifact_bucket(self, config: ArtifactSettings) -> s3.Bucket:

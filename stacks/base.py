@@ -13,9 +13,12 @@ class EnvironmentStack(cdk.Stack):
     """A stack named and tagged for one environment, with availability zones that need no lookup."""
 
     def __init__(self, scope: Construct, name: str, *, settings: Settings, description: str) -> None:
+        stack_name = f"{settings.stack_prefix}-{name}"
         super().__init__(
             scope,
-            f"{settings.stack_prefix}-{name}",
+            stack_name,
+            # Explicit, so the pipeline's stages deploy the same stacks a workstation deploy does.
+            stack_name=stack_name,
             env=cdk.Environment(account=settings.account, region=settings.region),
             description=f"{description} ({settings.project}, {settings.name})",
             termination_protection=settings.name == "prod",

@@ -43,7 +43,6 @@ class OperationsStack(EnvironmentStack):
         self.dead_letters = sqs.Queue(
             self, "DeadLetters", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
             retention_period=cdk.Duration.days(14))
-        acknowledge(self.dead_letters, "SQS3", "This queue is the dead-letter queue of the functions and rules.")
         powertools = lambda_.LayerVersion.from_layer_version_arn(
             self, "Powertools", ssm.StringParameter.value_for_string_parameter(
                 self, f"/aws/service/powertools/python/x86_64/{LAMBDA_RUNTIME.name}/{config.powertools_version}"))

@@ -277,7 +277,7 @@ def load_settings(env_name: str | None = None, overrides: Mapping[str, Any] | No
     if env_name not in environments:
         raise SettingsError("env", env_name, "one of " + ", ".join(environments))
     values: dict[str, Any] = {}
-    for source in (shared or {}, environments[env_name], overrides or {}):
+    for source in (shared or {}, environments[env_name], *_split_overrides(overrides or {}, env_name, environments)):
         for key, value in _flatten(source).items():
             _check_known(key, value)
             values[key] = value
@@ -289,8 +289,28 @@ def settings_from_context(context: Mapping[str, Any]) -> Settings:
     env_name = context.get("env")
     if env_name is not None and not isinstance(env_name, str):
         raise SettingsError("env", env_name, "an environment name")
-    overrides = {key: value for key, value in context.items() if _is_ours(key)}
-    return load_settings(env_name, overrides)
+    return load_settings(env_name, overrides_from_context(context))
+
+
+def overrides_from_context(context: Mapping[str, Any]) -> dict[str, Any]:
+    """Our keys among the CDK context: `section.key` for every environment, `<env>/section.key` for one."""
+    return {key: value for key, value in context.items() if _is_ours(key)}
+
+
+def _split_overrides(overrides: Mapping[str, Any], env_name: str,
+                     environments: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(overrides for every environment, overrides scoped to `env_name` with `<env>/`); scoped ones win."""
+    common, scoped = {}, {}
+    for key, value in overrides.items():
+        if "/" not in key:
+            common[key] = value
+            continue
+        prefix, setting_key = key.split("/", 1)
+        if prefix not in environments:
+            raise SettingsError(key, value, "an environment prefix among " + ", ".join(environments))
+        if prefix == env_name:
+            scoped[setting_key] = value
+    return common, scoped
 
 
 def known_settings() -> list[str]:

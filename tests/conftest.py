@@ -17,6 +17,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The configurations the stack tests look at, by name: (environment, overrides).
 CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
+    "pipeline": ("dev", {"pipeline.enabled": "true", "prod/artifacts.noncurrent_version_expiration_days": "400"}),
     "dev": ("dev", {}),
     "prod": ("prod", {}),
     "prod-account": ("prod", {"account": "123456789012", "region": "eu-central-2",
@@ -50,10 +51,19 @@ def synthesize(outdir: Path, env_name: str, overrides: dict[str, str]) -> Synthe
     """Synthesize like `cdk synth -c env=... -c key=value` does, with cdk-nag; fail with its findings."""
     from stacks.environment import build_environment, new_app
     from stacks.nag import add_checks
-    from stacks.settings import settings_from_context
+    from stacks.settings import load_settings, overrides_from_context, settings_from_context
 
     app = new_app(context={"env": env_name, **overrides}, outdir=str(outdir))
-    build_environment(app, settings_from_context(app.node.get_all_context()))
+    context = app.node.get_all_context()
+    settings = settings_from_context(context)
+    if settings.pipeline.enabled:
+        from stacks.pipeline import PipelineStack
+
+        overrides_in_force = overrides_from_context(context)
+        stages = [load_settings(name, overrides_in_force) for name in settings.pipeline.stages]
+        PipelineStack(app, settings=settings, stages=stages, overrides=overrides_in_force)
+    else:
+        build_environment(app, settings)
     add_checks(app)
     try:
         app.synth()
@@ -61,13 +71,20 @@ def synthesize(outdir: Path, env_name: str, overrides: dict[str, str]) -> Synthe
         report = outdir / "validation-report.json"
         details = report.read_text() if report.exists() else ""
         pytest.fail(f"synth of {env_name} {overrides} failed: {error}\n{details[:20000]}")
-    manifest = json.loads((outdir / "manifest.json").read_text())
+    return Synthesized(outdir=outdir, templates=read_templates(outdir))
+
+
+def read_templates(assembly: Path) -> dict[str, dict]:
+    """Every stack template of a cloud assembly by display name, nested stage assemblies included."""
+    manifest = json.loads((assembly / "manifest.json").read_text())
     templates = {}
     for artifact in manifest["artifacts"].values():
         if artifact["type"] == "aws:cloudformation:stack":
             templates[artifact["displayName"]] = json.loads(
-                (outdir / artifact["properties"]["templateFile"]).read_text())
-    return Synthesized(outdir=outdir, templates=templates)
+                (assembly / artifact["properties"]["templateFile"]).read_text())
+        elif artifact["type"] == "cdk:cloud-assembly":
+            templates.update(read_templates(assembly / artifact["properties"]["directoryName"]))
+    return templates
 
 
 @pytest.fixture(scope="session")

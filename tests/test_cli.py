@@ -100,3 +100,11 @@ def test_cfn_lint_finds_no_errors(synthesized):
     result = subprocess.run([str(cfn_lint), *files], capture_output=True, text=True, timeout=600)
     # cfn-lint's exit status is a bit mask: 2 = errors, 4 = warnings, 8 = informational; 1 = it failed to run.
     assert result.returncode in (0, 4, 8, 12), result.stdout[-5000:] + result.stderr[-2000:]
+
+
+@needs_cli
+def test_cdk_synth_of_the_pipeline_works_offline(tmp_path):
+    result = _cdk(["-c", "pipeline.enabled=true", "mlrecipes-pipeline"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "mlrecipes-pipeline.template.json").exists()
+    assert (tmp_path / "assembly-mlrecipes-pipeline-prod" / "manifest.json").exists()

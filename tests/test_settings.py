@@ -114,3 +114,27 @@ def test_bad_input_names_key_value_and_what_is_allowed(context, key, fragments):
 def test_bad_value_in_an_environment_declaration_is_reported_too():
     with pytest.raises(SettingsError, match=r"network.nat_gateways=5: expected a value from 1 to 2"):
         load_settings("dev", environments={"dev": {"network": {"nat_gateways": 5}}})
+
+
+def test_environment_scoped_overrides_apply_to_their_environment_only():
+    context = {"falcon.max_rolling_batch_size": "48", "prod/falcon.max_rolling_batch_size": "64",
+               "staging/network.nat_gateways": "2"}
+    assert settings_from_context({**context, "env": "prod"}).falcon.max_rolling_batch_size == 64
+    assert settings_from_context({**context, "env": "dev"}).falcon.max_rolling_batch_size == 48
+    assert settings_from_context({**context, "env": "staging"}).network.nat_gateways == 2
+    assert settings_from_context({**context, "env": "dev"}).network.nat_gateways == 1
+
+
+def test_scoped_override_checks_environment_and_setting():
+    with pytest.raises(SettingsError, match=r"invalid setting qa/falcon.enabled='true': expected an environment"):
+        settings_from_context({"qa/falcon.enabled": "true"})
+    with pytest.raises(SettingsError, match=r"invalid setting falcon.tensor_parallel_degree='3'"):
+        settings_from_context({"env": "prod", "prod/falcon.tensor_parallel_degree": "3"})
+
+
+def test_shared_values_apply_to_every_environment_before_its_own():
+    environments = {"dev": {}, "prod": {"pipeline": {"branch": "release"}}}
+    shared = {"pipeline": {"branch": "trunk", "repository": "acme/ml"}}
+    assert load_settings("dev", environments=environments, shared=shared).pipeline.branch == "trunk"
+    prod = load_settings("prod", environments=environments, shared=shared).pipeline
+    assert (prod.branch, prod.repository) == ("release", "acme/ml")

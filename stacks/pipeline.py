@@ -1,0 +1,139 @@
+"""A self-mutating CDK pipeline: test, synthesize, then deploy each environment's stacks in order."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_s3 as s3
+from aws_cdk import pipelines
+from constructs import Construct
+
+from stacks.environment import EnvironmentStacks, build_environment
+from stacks.nag import acknowledge
+from stacks.settings import Settings
+
+
+class EnvironmentStage(cdk.Stage):
+    """One environment's stacks, named exactly as a workstation deploy names them."""
+
+    def __init__(self, scope: Construct, settings: Settings) -> None:
+        super().__init__(scope, settings.name, env=cdk.Environment(account=settings.account, region=settings.region))
+        self.stacks: EnvironmentStacks = build_environment(self, settings)
+
+
+def synth_command(overrides: Mapping[str, Any]) -> str:
+    """The synth the pipeline runs on every change, with the overrides it was created with."""
+    flags = " ".join(f"-c {shlex.quote(f'{key}={_flag(value)}')}" for key, value in sorted(overrides.items())
+                     if key != "pipeline.enabled")
+    return f"npx cdk synth --quiet -c pipeline.enabled=true {flags}".strip()
+
+
+def _flag(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+class PipelineStack(cdk.Stack):
+    def __init__(self, scope: Construct, *, settings: Settings, stages: list[Settings],
+                 overrides: Mapping[str, Any]) -> None:
+        config = settings.pipeline
+        name = f"{settings.project}-pipeline"
+        super().__init__(scope, name, stack_name=name,
+                         env=cdk.Environment(account=config.account or settings.account,
+                                             region=config.region or settings.region),
+                         description=f"CDK pipeline for {settings.project}: {' -> '.join(s.name for s in stages)}")
+        for key, value in {"project": settings.project, "environment": "pipeline"}.items():
+            cdk.Tags.of(self).add(key, value)
+
+        access_logs = s3.Bucket(self, "ArtifactAccessLogs", encryption=s3.BucketEncryption.S3_MANAGED,
+                                enforce_ssl=True, block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+                                object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+                                lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(90))],
+                                removal_policy=cdk.RemovalPolicy.RETAIN)
+        source = pipelines.CodePipelineSource.connection(config.repository, config.branch,
+                                                         connection_arn=config.connection_arn)
+        synth = pipelines.ShellStep(
+            "Synth",
+            input=source,
+            # The same two commands as on a workstation: everything installs from the repository's pins.
+            install_commands=["make install-dev"],
+            commands=["make test", synth_command(overrides)],
+            env={"CI": "true"},
+            primary_output_directory="cdk.out",
+        )
+        self.pipeline = pipelines.CodePipeline(
+            self, "Pipeline",
+            synth=synth,
+            self_mutation=True,
+            cross_account_keys=True,
+            enable_key_rotation=True,
+            artifact_bucket=None,
+            code_build_defaults=pipelines.CodeBuildOptions(build_environment=codebuild.BuildEnvironment(
+                build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
+                compute_type=codebuild.ComputeType.LARGE,
+            )),
+        )
+        self.stages: dict[str, EnvironmentStage] = {}
+        for stage_settings in stages:
+            stage = EnvironmentStage(self, stage_settings)
+            pre = []
+            if stage_settings.name == config.approval_before:
+                pre.append(pipelines.ManualApprovalStep(
+                    f"Promote-to-{stage_settings.name}",
+                    comment=f"Deploy to {stage_settings.name}? Earlier stages are deployed and their tests passed."))
+            self.pipeline.add_stage(stage, pre=pre)
+            self.stages[stage_settings.name] = stage
+        self.pipeline.build_pipeline()
+        self._acknowledge_generated()
+        self._log_artifact_bucket(access_logs)
+
+        cdk.CfnOutput(self, "PipelineName", value=self.pipeline.pipeline.pipeline_name,
+                      description="CodePipeline that deploys every environment")
+
+    def _log_artifact_bucket(self, access_logs: s3.Bucket) -> None:
+        bucket = self.pipeline.pipeline.artifact_bucket.node.default_child
+        bucket.logging_configuration = s3.CfnBucket.LoggingConfigurationProperty(
+            destination_bucket_name=access_logs.bucket_name, log_file_prefix="pipeline-artifacts/")
+
+    def _acknowledge_generated(self) -> None:
+        """CDK Pipelines' own roles, whose grants CDK generates: each wildcard named, with why it is there."""
+        region = self.region
+        account = "<AWS::AccountId>" if cdk.Token.is_unresolved(self.account) else self.account
+        by_path = {c.node.path.removeprefix(self.node.path + "/"): c for c in self.node.find_all()}
+        logical = {name: self.get_logical_id(by_path[path].node.default_child) for name, path in {
+            "artifacts": "Pipeline/Pipeline/ArtifactsBucket",
+            "synth": "Pipeline/Pipeline/Build/Synth/CdkBuildProject",
+            "mutation": "Pipeline/UpdatePipeline/SelfMutation",
+        }.items()}
+        reasons = {
+            **dict.fromkeys([f"Action::{a}" for a in ("s3:List*", "s3:GetObject*", "s3:GetBucket*",
+                                                      "s3:DeleteObject*", "s3:Abort*")],
+                            "CDK's bucket grants for the pipeline's own artifact bucket."),
+            **dict.fromkeys(["Action::kms:ReEncrypt*", "Action::kms:GenerateDataKey*"],
+                            "CDK's key grants for the pipeline's own artifact key."),
+            f"Resource::<{logical['artifacts']}.Arn>/*": "Pipeline stages read and write any artifact they produce.",
+            "Resource::*": "codestar-connections:UseConnection and CodeBuild batch actions CDK grants unscoped.",
+            f"Resource::arn:aws:logs:{region}:{account}:log-group:/aws/codebuild/<{logical['synth']}>:*":
+                "Log streams of the synth project's own log group.",
+            f"Resource::arn:aws:logs:{region}:{account}:log-group:/aws/codebuild/<{logical['mutation']}>:*":
+                "Log streams of the self-mutation project's own log group.",
+            f"Resource::arn:aws:logs:{region}:{account}:log-group:/aws/codebuild/*":
+                "Asset publishing projects have generated names.",
+            f"Resource::arn:aws:codebuild:{region}:{account}:report-group/<{logical['synth']}>-*":
+                "Report groups of the synth project.",
+            f"Resource::arn:aws:codebuild:{region}:{account}:report-group/<{logical['mutation']}>-*":
+                "Report groups of the self-mutation project.",
+            f"Resource::arn:aws:codebuild:{region}:{account}:report-group/*":
+                "Asset publishing projects have generated names.",
+            f"Resource::arn:*:iam::{account}:role/*":
+                "Self-mutation assumes the CDK bootstrap roles (cdk-*), whose names carry the qualifier.",
+        }
+        for finding, reason in reasons.items():
+            acknowledge(self, f"IAM5[{finding}]", reason)

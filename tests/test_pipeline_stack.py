@@ -1,0 +1,98 @@
+"""The delivery pipeline: test and synth from the repository, then dev -> staging -> approval -> prod."""
+
+from __future__ import annotations
+
+import json
+
+from aws_cdk.assertions import Match, Template
+
+from stacks.pipeline import synth_command
+
+
+def _pipeline(synthesized) -> Template:
+    return Template.from_json(synthesized("pipeline").templates["mlrecipes-pipeline"])
+
+
+def _codepipeline(template: Template) -> dict:
+    [pipeline] = template.find_resources("AWS::CodePipeline::Pipeline").values()
+    return pipeline["Properties"]
+
+
+def test_stages_run_in_order_with_a_manual_approval_before_prod(synthesized):
+    stages = _codepipeline(_pipeline(synthesized))["Stages"]
+    names = [s["Name"] for s in stages]
+    assert names[:3] == ["Source", "Build", "UpdatePipeline"]
+    assert [n for n in names if n in ("dev", "staging", "prod")] == ["dev", "staging", "prod"]
+    assert names.index("dev") < names.index("staging") < names.index("prod")
+    by_name = {s["Name"]: s for s in stages}
+    approvals = {name: [a for a in stage["Actions"] if a["ActionTypeId"]["Category"] == "Approval"]
+                 for name, stage in by_name.items()}
+    assert [a["Name"] for a in approvals["prod"]] == ["Promote-to-prod"]
+    assert approvals["dev"] == [] and approvals["staging"] == []
+    first_prod_deploy = min(a["RunOrder"] for a in by_name["prod"]["Actions"]
+                            if a["ActionTypeId"]["Category"] == "Deploy")
+    assert approvals["prod"][0]["RunOrder"] < first_prod_deploy
+
+
+def test_source_is_the_configured_connection(synthesized):
+    source = _codepipeline(_pipeline(synthesized))["Stages"][0]["Actions"][0]
+    assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
+    assert source["Configuration"]["FullRepositoryId"] == "my-org/ml-recipes"
+    assert source["Configuration"]["BranchName"] == "main"
+
+
+def test_synth_step_installs_tests_and_synthesizes_with_the_overrides(synthesized):
+    template = _pipeline(synthesized)
+    projects = template.find_resources("AWS::CodeBuild::Project")
+    specs = [json.loads(p["Properties"]["Source"]["BuildSpec"]) for p in projects.values()
+             if "BuildSpec" in p["Properties"]["Source"]]
+    [synth] = [s for s in specs if "make test" in json.dumps(s)]
+    assert synth["phases"]["install"]["commands"] == ["make install-dev"]
+    assert synth["phases"]["build"]["commands"] == [
+        "make test",
+        "npx cdk synth --quiet -c pipeline.enabled=true -c prod/artifacts.noncurrent_version_expiration_days=400"]
+
+
+def test_synth_command_quotes_overrides():
+    command = synth_command({"pipeline.enabled": True, "falcon.model_id": "org/model name",
+                             "network.availability_zones": ("a", "b")})
+    assert command == ("npx cdk synth --quiet -c pipeline.enabled=true -c 'falcon.model_id=org/model name' "
+                       "-c network.availability_zones=a,b")
+
+
+def test_stages_deploy_the_same_stack_names_as_a_workstation(synthesized):
+    names = synthesized("pipeline").templates
+    for env_name in ("dev", "staging", "prod"):
+        for part in ("artifacts", "network", "operations"):
+            assert f"mlrecipes-pipeline/{env_name}/mlrecipes-{env_name}-{part}" in names
+    manifest = json.loads((synthesized("pipeline").outdir / "assembly-mlrecipes-pipeline-prod"
+                           / "manifest.json").read_text())
+    stack_names = {a["properties"]["stackName"] for a in manifest["artifacts"].values()
+                   if a["type"] == "aws:cloudformation:stack"}
+    assert stack_names == {"mlrecipes-prod-artifacts", "mlrecipes-prod-network", "mlrecipes-prod-operations"}
+
+
+def test_environment_scoped_overrides_reach_their_stage_only(synthesized):
+    templates = synthesized("pipeline").templates
+
+    def expiry(env_name: str) -> int:
+        bucket = next(r for r in templates[f"mlrecipes-pipeline/{env_name}/mlrecipes-{env_name}-artifacts"][
+            "Resources"].values() if r["Type"] == "AWS::S3::Bucket" and "NotificationConfiguration" in r["Properties"])
+        rules = bucket["Properties"]["LifecycleConfiguration"]["Rules"]
+        return next(r["NoncurrentVersionExpiration"]["NoncurrentDays"] for r in rules
+                    if "NoncurrentVersionExpiration" in r)
+
+    assert (expiry("dev"), expiry("staging"), expiry("prod")) == (30, 90, 400)
+
+
+def test_pipeline_artifacts_are_encrypted_logged_and_the_key_rotates(synthesized):
+    template = _pipeline(synthesized)
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    template.has_resource_properties("AWS::S3::Bucket", {
+        "BucketEncryption": {"ServerSideEncryptionConfiguration": [Match.object_like({
+            "ServerSideEncryptionByDefault": Match.object_like({"SSEAlgorithm": "aws:kms"})})]},
+        "LoggingConfiguration": Match.object_like({"LogFilePrefix": "pipeline-artifacts/"}),
+    })
+    for role in template.find_resources("AWS::IAM::Role").values():
+        assert not any("FullAccess" in json.dumps(arn) or "AdministratorAccess" in json.dumps(arn)
+                       for arn in role["Properties"].get("ManagedPolicyArns", []))
