@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -17,6 +15,7 @@ from constructs import Construct
 
 from stacks.base import EnvironmentStack
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
+from stacks.instances import vcpus
 from stacks.nag import acknowledge
 from stacks.settings import SentimentSettings, Settings, SettingsError
 
@@ -33,19 +32,6 @@ VARIANT = "AllTraffic"
 def graviton_image_uri(region: str, pytorch_version: str) -> str:
     repository, tag, _ = GRAVITON_IMAGES[pytorch_version]
     return dlc_image_uri(region, repository, tag)
-
-
-def vcpus(instance_type: str) -> int:
-    """vCPUs of a SageMaker instance size: large 2, xlarge 4, Nxlarge 4N, medium 1."""
-    size = instance_type.rsplit(".", 1)[-1]
-    if size == "medium":
-        return 1
-    if size == "large":
-        return 2
-    match = re.fullmatch(r"(\d*)xlarge", size)
-    if not match:
-        raise ValueError(f"unknown instance size in {instance_type}")
-    return 4 * int(match.group(1) or 1)
 
 
 def container_environment(config: SentimentSettings, region: str) -> dict[str, str]:

@@ -120,6 +120,9 @@ class TrainingSettings:
     learning_rate: float = setting(1e-5, minimum=1e-7, maximum=1e-2)
     per_device_batch_size: int = setting(16, minimum=1, maximum=1024)
     max_length: int = setting(128, minimum=8, maximum=512)
+    # A slice of the data for cheap runs (the smoke environment); None trains on everything.
+    max_train_samples: int | None = setting(None, minimum=1, maximum=10_000_000)
+    max_eval_samples: int | None = setting(None, minimum=1, maximum=10_000_000)
 
 
 @dataclass(frozen=True)

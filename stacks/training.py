@@ -27,14 +27,19 @@ _ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", "model", "checkpoint
 
 def train_args(config: TrainingSettings) -> str:
     """The recipe's trainer flags, from the settings (the container's defaults cover the rest)."""
-    return " ".join([
+    args = [
         "--model-name-or-path", shlex.quote(config.base_model),
         "--num-train-epochs", str(config.epochs),
         "--learning-rate", repr(config.learning_rate),
         "--per-device-train-batch-size", str(config.per_device_batch_size),
         "--per-device-eval-batch-size", str(config.per_device_batch_size),
         "--max-length", str(config.max_length),
-    ])
+    ]
+    if config.max_train_samples:
+        args += ["--max-train-samples", str(config.max_train_samples)]
+    if config.max_eval_samples:
+        args += ["--max-eval-samples", str(config.max_eval_samples)]
+    return " ".join(args)
 
 
 def render_user_data(values: dict[str, str], script: Path = USER_DATA_SCRIPT) -> str:

@@ -23,6 +23,11 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "prod-account": ("prod", {"account": "123456789012", "region": "eu-central-2",
                               "network.endpoints.sts": "false"}),
     "prod-training": ("prod", {"training.enabled": "true"}),
+    "smoke": ("smoke", {}),
+    # What `make e2e` deploys last: every part of the smoke environment at once.
+    "smoke-all": ("smoke", {"training.enabled": "true", "training.run_id": "smoke-20261202-120000",
+                            "sentiment.enabled": "true",
+                            "sentiment.model_data_url": "s3://example/models/sentiment/smoke/model.tar.gz"}),
     "prod-sentiment": ("prod", {"sentiment.enabled": "true",
                                 "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz",
                                 "operations.alarm_email": "ops@example.com"}),
