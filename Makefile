@@ -67,5 +67,12 @@ e2e: install-dev  ## deploy the smoke environment in a real account, prove every
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.loadtest --url $(URL) $(ARGS)
 
+train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, about 20 s, then classify
+	$(PY) -m training.train_sentiment --model-name-or-path tiny \
+	  --train-file training/data/sample/train.jsonl --validation-file training/data/sample/validation.jsonl \
+	  --test-file training/data/sample/test.jsonl --output-dir artifacts/tiny-model \
+	  --max-length 48 --num-train-epochs 20 --learning-rate 1e-3 --warmup-steps 0.1 --no-torch-compile \
+	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
+
 clean:  ## remove build output (keeps .venv and node_modules)
-	rm -rf cdk.out .pytest_cache .ruff_cache
+	rm -rf cdk.out .pytest_cache .ruff_cache artifacts

@@ -1,0 +1,7 @@
+"""RoBERTa tweet-sentiment training, packaging and benchmarking for the SageMaker recipe."""
+
+LABELS = ("negative", "neutral", "positive")
+"""Class names in label order; the hub dataset and the shipped sample use 0, 1, 2."""
+
+ID2LABEL = dict(enumerate(LABELS))
+LABEL2ID = {name: index for index, name in ID2LABEL.items()}

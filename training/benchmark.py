@@ -1,0 +1,208 @@
+"""Time optimizer steps of the plain run against torch.compile + bf16 + fused AdamW.
+
+Both runs train the same randomly initialised model on the same fixed batch, so the ratio isolates
+the three speed-ups; throughput comes from the median step time, which a busy machine disturbs least.
+On a GPU the model is RoBERTa-base sized (no download); on a CPU it is the tiny model, and the
+speed-ups the CPU cannot run are left out and named. The recipe's figure to beat, measured with the
+Trainer on a p4d.24xlarge, is 1.42x."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from training import LABELS
+from training.hardware import plan
+
+PROG = "python -m training.benchmark"
+RECIPE_SPEEDUP = 1.42
+
+
+@dataclass
+class Result:
+    name: str
+    bf16: bool
+    torch_compile: bool
+    fused_adamw: bool
+    tf32: bool
+    warmup_seconds: float
+    seconds: float
+    samples_per_second: float
+    final_loss: float
+
+
+@dataclass
+class Variant:
+    """One run's switches."""
+
+    name: str
+    bf16: bool = False
+    torch_compile: bool = False
+    fused_adamw: bool = False
+    tf32: bool = False
+
+
+def model_config(size: str):
+    """RoBERTa-base dimensions, or the tiny model's (the same shape training.tiny builds)."""
+    from transformers import RobertaConfig
+
+    common = {"num_labels": len(LABELS), "type_vocab_size": 1, "pad_token_id": 1, "max_position_embeddings": 514}
+    if size == "base":
+        dims = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+        return RobertaConfig(vocab_size=50265, **dims, **common)
+    dims = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
+    return RobertaConfig(vocab_size=2000, **dims, **common)
+
+
+def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: int, seed: int) -> Result:
+    """Fresh model from `seed`, `warmup` untimed steps (compilation happens there), then `steps` timed."""
+    import torch
+    from transformers import RobertaForSequenceClassification
+
+    torch.manual_seed(seed)
+    model = RobertaForSequenceClassification(config).to(device).train()
+    # Fused AdamW updates all parameters in one kernel; the baseline is torch's default implementation.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True if variant.fused_adamw else None)
+    forward = torch.compile(model) if variant.torch_compile else model
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = variant.tf32
+        torch.backends.cudnn.allow_tf32 = variant.tf32
+
+    def step() -> torch.Tensor:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=variant.bf16):
+            loss = forward(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    start = time.perf_counter()
+    for _ in range(warmup):
+        step()
+    sync()
+    warmed = time.perf_counter()
+    times = []
+    for _ in range(steps):
+        begin = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - begin)
+    seconds = time.perf_counter() - warmed
+    return Result(
+        name=variant.name,
+        bf16=variant.bf16,
+        torch_compile=variant.torch_compile,
+        fused_adamw=variant.fused_adamw,
+        tf32=variant.tf32,
+        warmup_seconds=warmed - start,
+        seconds=seconds,
+        # The median step, not the mean: one stall on a shared machine should not move the figure.
+        samples_per_second=batch["input_ids"].shape[0] / statistics.median(times),
+        final_loss=float(loss.detach().float()),
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--steps", type=_positive_int, default=20, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first (compilation)")
+    parser.add_argument("--batch-size", type=_positive_int, default=16, help="the recipe's per-device batch")
+    parser.add_argument("--seq-len", type=_positive_int, default=128, help="tokens per example (padded)")
+    parser.add_argument(
+        "--model-size", choices=("auto", "base", "tiny"), default="auto", help="auto: base on a GPU, tiny on a CPU"
+    )
+    parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--cpu-threads",
+        type=_positive_int,
+        help="torch threads on a CPU (default: 1 for the tiny model, too small to split; torch's choice otherwise)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    return parser
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.seq_len > 512:
+        print(f"{PROG}: error: --seq-len {args.seq_len}: RoBERTa takes at most 512 tokens", file=sys.stderr)
+        return 2
+    import torch
+    from transformers import RobertaForSequenceClassification
+
+    # tf32=True: the Trainer turns TF32 on with torch.compile on Ampere+ GPUs, so the optimized run does too.
+    speed = plan(args.bf16, args.torch_compile, args.fused_adamw, tf32=args.torch_compile)
+    device = speed.device
+    size = args.model_size if args.model_size != "auto" else ("base" if device == "cuda" else "tiny")
+    config = model_config(size)
+    if device == "cpu" and (args.cpu_threads or size == "tiny"):
+        torch.set_num_threads(args.cpu_threads or 1)
+    generator = torch.Generator().manual_seed(args.seed)
+    shape = (args.batch_size, args.seq_len)
+    batch = {
+        "input_ids": torch.randint(3, config.vocab_size, shape, generator=generator),
+        "attention_mask": torch.ones(shape, dtype=torch.long),
+        "labels": torch.randint(0, len(LABELS), (args.batch_size,), generator=generator),
+    }
+    batch = {key: value.to(device) for key, value in batch.items()}
+    hardware = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    parameters = RobertaForSequenceClassification(config).num_parameters()
+    print(
+        f"{device} ({hardware}), {size} model ({parameters / 1e6:.1f} M parameters), batch {args.batch_size} x "
+        f"{args.seq_len} tokens, {args.steps} timed steps after {args.warmup} warm-up"
+    )
+    print(speed.summary())
+    optimized = Variant("optimized", speed.bf16, speed.torch_compile, speed.fused_adamw, bool(speed.tf32))
+    common = {"config": config, "batch": batch, "device": device, "steps": args.steps, "warmup": args.warmup}
+    results = [run(Variant("baseline"), **common, seed=args.seed), run(optimized, **common, seed=args.seed)]
+
+    print(f"{'run':<10} {'bf16':>5} {'compile':>8} {'fused':>6} {'tf32':>5} {'warm-up s':>10} {'samples/s':>10}")
+    for result in results:
+        print(
+            f"{result.name:<10} {_on(result.bf16):>5} {_on(result.torch_compile):>8} {_on(result.fused_adamw):>6} "
+            f"{_on(result.tf32):>5} {result.warmup_seconds:>10.1f} {result.samples_per_second:>10.1f}"
+        )
+    ratio = results[1].samples_per_second / results[0].samples_per_second
+    left_out = ", ".join(f"{name} ({why})" for name, why in speed.turned_off.items()) or "nothing"
+    print(f"speed-up optimized/baseline: {ratio:.2f}x (recipe on 8x A100: {RECIPE_SPEEDUP:.2f}x); left out: {left_out}")
+    if args.json:
+        summary = {
+            "device": device,
+            "hardware": hardware,
+            "model_size": size,
+            "parameters": parameters,
+            "settings": {key: value for key, value in vars(args).items() if key != "json"},
+            "results": [asdict(result) for result in results],
+            "speedup": ratio,
+            "left_out": speed.turned_off,
+        }
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

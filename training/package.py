@@ -1,0 +1,287 @@
+"""Build the model.tar.gz that SageMaker's PyTorch serving container loads.
+
+Layout: model and tokenizer files at the root, `code/inference.py` (the handler from `inference/`)
+and `code/requirements.txt`. With `--wheelhouse` the archive also carries the handler's wheels in
+`code/wheels/` and the requirements install from them alone (`--no-index`), so an endpoint with
+network isolation can start. The model directory and the finished archive are both checked before
+anything is written to `--output`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from training import LABELS
+
+PROG = "python -m training.package"
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_HANDLER = ROOT / "inference" / "inference.py"
+# What the handler needs on top of the serving image (owned, like the handler, by inference/).
+HANDLER_REQUIREMENTS = ROOT / "inference" / "requirements.txt"
+WHEELS_DIR = "wheels"
+# The Graviton PyTorch inference image (pytorch-inference-arm64 2.6): CPython 3.12, glibc 2.35.
+DEFAULT_PYTHON = "3.12"
+DEFAULT_PLATFORMS = ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "linux_aarch64")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+# Present in a Trainer checkpoint-* directory, never in a finished model.
+CHECKPOINT_MARKERS = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
+# Training leftovers that are not needed to serve.
+SKIPPED_FILES = ("training_args.bin", "rng_state.pth")
+
+
+class PackageError(ValueError):
+    """The model directory or an option cannot make a valid archive; the message is for the user."""
+
+
+def _safetensors_complete(path: Path) -> bool:
+    """True when the file is as long as its header says (an interrupted copy is shorter)."""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        if len(prefix) < 8:
+            return False
+        (header_length,) = struct.unpack("<Q", prefix)
+        if header_length > size - 8:
+            return False
+        try:
+            header = json.loads(handle.read(header_length))
+        except ValueError:
+            return False
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    return 8 + header_length + max(ends, default=0) == size
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    for name in WEIGHT_FILES:
+        if (model_dir / name).is_file():
+            return [model_dir / name]
+    for name in WEIGHT_INDEXES:
+        index = model_dir / name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            missing = [shard for shard in shards if not (model_dir / shard).is_file()]
+            if missing:
+                raise PackageError(f"--model-dir {model_dir}: {name} lists missing shard(s) {', '.join(missing)}")
+            return [model_dir / shard for shard in shards]
+    raise PackageError(f"--model-dir {model_dir}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+
+
+def check_model_dir(model_dir: Path) -> dict:
+    """Refuse anything but a finished 3-class model with its tokenizer; return its config as a dict."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not model_dir.is_dir():
+        raise PackageError(f"--model-dir {model_dir}: no such directory")
+    markers = [name for name in CHECKPOINT_MARKERS if (model_dir / name).exists()]
+    if markers:
+        raise PackageError(
+            f"--model-dir {model_dir}: a Trainer checkpoint (has {', '.join(markers)}), not a finished model; "
+            "package the --output-dir of a completed training run"
+        )
+    if not (model_dir / "config.json").is_file():
+        raise PackageError(f"--model-dir {model_dir}: no config.json, not a saved model")
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir))
+    except (OSError, ValueError, KeyError) as error:
+        raise PackageError(f"--model-dir {model_dir}: config.json does not load ({error})") from error
+    labels = {int(key): value for key, value in (config.id2label or {}).items()}
+    if len(labels) != len(LABELS):
+        raise PackageError(
+            f"--model-dir {model_dir}: config has {len(labels)} labels ({labels}); expected {len(LABELS)} "
+            f"({', '.join(LABELS)})"
+        )
+    for weights in _weight_files(model_dir):
+        if weights.suffix == ".safetensors" and not _safetensors_complete(weights):
+            raise PackageError(f"--model-dir {model_dir}: {weights.name} is truncated or corrupt")
+    if not (model_dir / "tokenizer_config.json").is_file():
+        raise PackageError(f"--model-dir {model_dir}: no tokenizer_config.json; save the tokenizer with the model")
+    try:
+        AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError, TypeError) as error:
+        raise PackageError(f"--model-dir {model_dir}: the tokenizer does not load ({error})") from error
+    return config.to_dict()
+
+
+def read_requirements(path: Path) -> list[str]:
+    """Requirement lines without comments, blanks or index options (the archive sets its own)."""
+    lines = []
+    for raw in path.read_text().splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            raise PackageError(f"--requirements {path}: option line {line!r} not supported; list packages only")
+        lines.append(line)
+    return lines
+
+
+def archive_requirements(requirements: list[str], offline: bool) -> str:
+    """code/requirements.txt; pip resolves a relative --find-links against the file's own folder."""
+    head = ["--no-index", f"--find-links {WHEELS_DIR}"] if offline else []
+    return "\n".join([*head, *requirements]) + "\n"
+
+
+def check_wheelhouse(wheels: list[Path], requirements: list[str], python: str, platforms: list[str]) -> None:
+    """Resolve the requirements from the wheels alone, for the serving image's Python and platform."""
+    if not requirements:
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        links = Path(scratch) / "links"
+        links.mkdir()
+        for wheel in wheels:
+            os.symlink(wheel.resolve(), links / wheel.name)
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-index", "--find-links", str(links)]
+        command += ["--only-binary=:all:", "--python-version", python, "--dest", str(Path(scratch) / "out")]
+        for platform_tag in platforms:
+            command += ["--platform", platform_tag]
+        done = subprocess.run([*command, *requirements], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = [line for line in done.stderr.splitlines() if "ERROR" in line] or done.stderr.splitlines()[-1:]
+        raise PackageError(
+            f"--wheelhouse: the wheels do not cover {' '.join(requirements)} for Python {python} on "
+            f"{', '.join(platforms)}: {' '.join(reason).strip()}"
+        )
+
+
+def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Root-owned and world-readable: the serving process may not run as the archive's owner."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mode = 0o755 if info.isdir() else 0o644
+    return info
+
+
+def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime = len(data), int(time.time())
+    archive.addfile(_normalise(info), io.BytesIO(data))
+
+
+def verify_archive(path: Path) -> list[str]:
+    """Member names, after checking the layout the container needs and that the config loads."""
+    from transformers import AutoConfig
+
+    with tarfile.open(path, "r:gz") as archive:
+        names = archive.getnames()
+        required = ["config.json", "tokenizer_config.json", "code/inference.py", "code/requirements.txt"]
+        missing = [name for name in required if name not in names]
+        if not any(name in names for name in WEIGHT_FILES + WEIGHT_INDEXES):
+            missing.append(" or ".join(WEIGHT_FILES))
+        if missing:
+            raise PackageError(f"built archive lacks {', '.join(missing)}")
+        with tempfile.TemporaryDirectory() as scratch:
+            member = archive.getmember("config.json")
+            archive.extract(member, scratch, filter="data")
+            AutoConfig.from_pretrained(scratch)
+    return names
+
+
+def build(
+    model_dir: Path,
+    output: Path,
+    handler: Path = DEFAULT_HANDLER,
+    requirements_file: Path = HANDLER_REQUIREMENTS,
+    wheelhouse: Path | None = None,
+    python: str = DEFAULT_PYTHON,
+    platforms: list[str] | None = None,
+) -> list[str]:
+    """Check the inputs, write the archive to a temporary file, check it, then move it to output."""
+    check_model_dir(model_dir)
+    if not handler.is_file():
+        raise PackageError(f"--handler {handler}: no such file")
+    if not requirements_file.is_file():
+        raise PackageError(f"--requirements {requirements_file}: no such file")
+    requirements = read_requirements(requirements_file)
+    wheels: list[Path] = []
+    if wheelhouse is not None:
+        if not wheelhouse.is_dir():
+            raise PackageError(f"--wheelhouse {wheelhouse}: no such directory")
+        wheels = sorted(wheelhouse.glob("*.whl"))
+        if not wheels:
+            raise PackageError(f"--wheelhouse {wheelhouse}: no .whl files in it")
+        check_wheelhouse(wheels, requirements, python, list(platforms or DEFAULT_PLATFORMS))
+    if not output.name.endswith(".tar.gz"):
+        raise PackageError(f"--output {output}: must end in .tar.gz (SageMaker expects a gzipped tar)")
+    output.parent.mkdir(parents=True, exist_ok=True)
+
+    model_files = [
+        path
+        for path in sorted(model_dir.iterdir())
+        if path.is_file() and path.name not in SKIPPED_FILES and not path.name.startswith(".")
+    ]
+    handle, temporary = tempfile.mkstemp(prefix=f".{output.name}.", dir=output.parent)
+    os.close(handle)
+    try:
+        with tarfile.open(temporary, "w:gz") as archive:
+            for path in model_files:
+                archive.add(path, arcname=path.name, filter=_normalise)
+            archive.add(handler, arcname="code/inference.py", filter=_normalise)
+            _add_bytes(archive, "code/requirements.txt", archive_requirements(requirements, bool(wheels)).encode())
+            for wheel in wheels:
+                archive.add(wheel, arcname=f"code/{WHEELS_DIR}/{wheel.name}", filter=_normalise)
+        names = verify_archive(Path(temporary))
+        shutil.move(temporary, output)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--model-dir", required=True, type=Path, help="output directory of a finished training")
+    parser.add_argument("--output", required=True, type=Path, help="archive to write, e.g. model.tar.gz")
+    parser.add_argument("--handler", type=Path, default=DEFAULT_HANDLER, help="becomes code/inference.py")
+    parser.add_argument("--requirements", type=Path, default=HANDLER_REQUIREMENTS, help="the handler's requirements")
+    parser.add_argument(
+        "--wheelhouse",
+        type=Path,
+        help="folder of wheels for the serving image (linux aarch64); the archive then installs offline",
+    )
+    parser.add_argument("--python-version", default=DEFAULT_PYTHON, help="serving image's Python, for the check")
+    parser.add_argument(
+        "--platform",
+        action="append",
+        dest="platforms",
+        help=f"wheel platform tags the serving image accepts (repeatable; default: {' '.join(DEFAULT_PLATFORMS)})",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        names = build(
+            args.model_dir,
+            args.output,
+            handler=args.handler,
+            requirements_file=args.requirements,
+            wheelhouse=args.wheelhouse,
+            python=args.python_version,
+            platforms=args.platforms,
+        )
+    except PackageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    wheels = sum(name.startswith(f"code/{WHEELS_DIR}/") for name in names)
+    size = args.output.stat().st_size / 2**20
+    network = f"{wheels} wheels inside, installs offline" if wheels else "requirements install from PyPI at start-up"
+    print(f"wrote {args.output} ({size:.1f} MiB, {len(names)} files; {network})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

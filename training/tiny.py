@@ -1,0 +1,55 @@
+"""A tiny RoBERTa and a tokenizer trained on the fly, so the whole pipeline runs on a CPU offline.
+
+The architecture and tokenizer files are the same kind as `roberta-base`'s, just small, so what
+works here (saving, reloading, packaging, serving) works for the real model too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from training import ID2LABEL, LABEL2ID
+
+TINY_MODEL_NAME = "tiny"
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 2000, model_max_length: int = 512):
+    """A byte-level BPE RoBERTa tokenizer trained on `texts` (a few hundred lines take < 1 s)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+    from transformers import RobertaTokenizerFast
+
+    bpe = ByteLevelBPETokenizer(add_prefix_space=False, trim_offsets=True)
+    bpe.train_from_iterator(
+        list(texts), vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS), show_progress=False
+    )
+    # Positional: this binding rejects the documented keyword names.
+    bpe.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
+    return RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, model_max_length=model_max_length)
+
+
+def build_model(tokenizer, max_length: int = 512, seed: int = 42):
+    """A randomly initialised 2-layer, 64-wide RoBERTa classifier for the three sentiment classes."""
+    import torch
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    config = RobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        # RoBERTa numbers positions from padding_idx + 1, so two slots more than the longest input.
+        max_position_embeddings=max_length + 2,
+        type_vocab_size=1,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        num_labels=len(ID2LABEL),
+        id2label=dict(ID2LABEL),
+        label2id=dict(LABEL2ID),
+        problem_type="single_label_classification",
+    )
+    torch.manual_seed(seed)
+    return RobertaForSequenceClassification(config)
