@@ -89,7 +89,7 @@ step "build image"
 docker build --build-arg "BASE_IMAGE=${BASE_IMAGE}" -t "$IMAGE" -f "${WORK}/code/training/Dockerfile" "${WORK}/code"
 
 DOCKER_RUN=(docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864
-  -v "${WORK}:/opt/ml/work" -e HF_HOME=/opt/ml/work/hf-cache
+  -v "${WORK}:/opt/ml/work"
   --log-driver awslogs --log-opt "awslogs-region=${REGION}" --log-opt "awslogs-group=${LOG_GROUP}")
 
 step "train"
@@ -101,7 +101,7 @@ step "train"
 step "wheelhouse"
 # The endpoint runs with network isolation, so the handler's wheels (linux aarch64) travel in the archive.
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \
-  pip download --quiet --only-binary=:all: --platform manylinux2014_aarch64 \
+  pip download --quiet --only-binary=:all: --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
   --python-version "${SERVING_PYTHON:-3.12}" -d /opt/ml/work/wheels -r inference/requirements.txt
 
 step "package"
