@@ -32,7 +32,7 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
 
 
 @pytest.mark.parametrize(("context", "expected"), [
-    ({"env": "nope"}, "error: invalid setting env='nope': expected one of dev, staging, prod"),
+    ({"env": "nope"}, "error: invalid setting env='nope': expected one of dev, staging, prod, smoke"),
     ({"falcon.tensor_parallel_degree": "three"},
      "error: invalid setting falcon.tensor_parallel_degree='three': expected one of 1, 2, 4, 8"),
 ])
