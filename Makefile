@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-dev synth synth-pipeline test lint format train-local loadtest e2e clean
+.PHONY: help install install-dev synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -63,6 +63,13 @@ format: install-dev  ## apply ruff's formatter and import order
 
 e2e: install-dev  ## deploy the smoke environment in a real account, prove every part, tear it down (costs money)
 	$(PY) -m tests.e2e.smoke $(ARGS)
+
+MODEL ?= artifacts/tiny-model
+serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 like the endpoint
+	$(PY) -m inference.serve --model-dir $(MODEL) --port 8080
+
+bench-handler: install-dev  ## our handler vs the transformers pipeline: requests/s, p50/p90 (tiny model)
+	$(PY) -m inference.benchmark_handler
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.loadtest --url $(URL) $(ARGS)

@@ -1,0 +1,90 @@
+"""Session fixtures: a tiny model packaged by `training.package`, extracted, its handler loaded from `code/`.
+
+Building costs a few seconds (mostly importing torch and transformers), so it happens once per session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SAMPLE = Path(__file__).resolve().parents[2] / "training" / "data" / "sample" / "train.jsonl"
+
+
+def load_code_module(path: Path, name: str) -> ModuleType:
+    """Import a handler file under its own module name, the way the container imports code/inference.py."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> Path:
+    """A random-weight tiny RoBERTa with the tokenizer trained on the sample, saved like a trained model."""
+    from training import tiny
+
+    texts = [json.loads(line)["text"] for line in SAMPLE.read_text().splitlines() if line.strip()]
+    tokenizer = tiny.build_tokenizer(texts)
+    model = tiny.build_model(tokenizer)
+    directory = tmp_path_factory.mktemp("tiny-model")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def archive(model_dir, tmp_path_factory) -> Path:
+    """model.tar.gz built by training.package from the repository's inference/inference.py."""
+    from training import package
+
+    output = tmp_path_factory.mktemp("archive") / "model.tar.gz"
+    package.build(model_dir, output)
+    return output
+
+
+@pytest.fixture(scope="session")
+def extracted(archive, tmp_path_factory) -> Path:
+    """The archive unpacked the way SageMaker unpacks it into /opt/ml/model."""
+    directory = tmp_path_factory.mktemp("opt-ml-model")
+    with tarfile.open(archive) as tar:
+        tar.extractall(directory, filter="data")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def handler(extracted) -> ModuleType:
+    """The handler module as shipped: code/inference.py from the archive, not the repository's copy."""
+    return load_code_module(extracted / "code" / "inference.py", "shipped_inference")
+
+
+@pytest.fixture(scope="session")
+def loaded(handler, extracted):
+    """The model object model_fn returns for the extracted archive."""
+    return handler.model_fn(str(extracted))
+
+
+@pytest.fixture
+def invoke(handler, loaded):
+    """Run one request through the three per-request hooks; returns the parsed JSON response."""
+
+    def call(body, content_type="application/json", accept="application/json"):
+        if isinstance(body, dict | list):
+            body = json.dumps(body).encode()
+        response, response_type = handler.output_fn(
+            handler.predict_fn(handler.input_fn(body, content_type), loaded), accept
+        )
+        assert response_type == "application/json"
+        return json.loads(response)
+
+    return call

@@ -1,0 +1,34 @@
+"""The benchmark runs end to end and prints its table; timings are printed, never asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference import benchmark_handler
+
+
+def test_benchmark_prints_every_method_for_every_batch_size(model_dir, capsys):
+    argv = ["--model-dir", str(model_dir), "--requests", "2", "--warmup", "1", "--batch-sizes", "1,4"]
+    assert benchmark_handler.main(argv) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:5].strip().isdigit()]
+    assert [(row[0], row[1]) for row in rows] == [
+        (size, method) for size in ("1", "4") for method in ("handler", "pipeline", "pipeline-batched")
+    ]
+    assert all(row[-1].endswith("x") for row in rows if row[1] != "handler")
+
+
+def test_batches_are_reproducible_and_varied():
+    texts = benchmark_handler.sample_texts()
+    first = benchmark_handler.make_batches(texts, 8, 3, seed=0)
+    assert first == benchmark_handler.make_batches(texts, 8, 3, seed=0)
+    assert len(first) == 3 and all(len(batch) == 8 for batch in first)
+    assert len({len(text) for batch in first for text in batch}) > 5
+
+
+def test_bad_arguments(tmp_path, capsys):
+    assert benchmark_handler.main(["--model-dir", str(tmp_path / "none")]) == 2
+    assert "error: --model-dir" in capsys.readouterr().err
+    for argv in (["--batch-sizes", "1,x"], ["--batch-sizes", "0"], ["--requests", "0"], ["--warmup", "-1"]):
+        with pytest.raises(SystemExit) as raised:
+            benchmark_handler.main(argv)
+        assert raised.value.code == 2
