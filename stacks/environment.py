@@ -59,3 +59,23 @@ def new_app(context: dict[str, Any] | None = None, outdir: str | None = None) ->
     """
     flags = {k: v for k, v in json.loads(CDK_JSON.read_text())["context"].items() if k.startswith("@")}
     return cdk.App(context={**flags, **(context or {})}, outdir=outdir)
+
+
+def build_app(app: cdk.App) -> Settings:
+    """Everything `app.py` synthesizes for the app's context: one environment's stacks, or the pipeline.
+
+    Raises SettingsError for bad settings, including what only a stack can check (GPU memory, instance families).
+    """
+    from stacks.settings import load_settings, overrides_from_context, settings_from_context
+
+    context = app.node.get_all_context()
+    settings = settings_from_context(context)
+    if settings.pipeline.enabled:
+        from stacks.pipeline import PipelineStack
+
+        overrides = overrides_from_context(context)
+        stages = [load_settings(name, overrides) for name in settings.pipeline.stages]
+        PipelineStack(app, settings=settings, stages=stages, overrides=overrides)
+    else:
+        build_environment(app, settings)
+    return settings

@@ -54,21 +54,11 @@ class Synthesized:
 
 def synthesize(outdir: Path, env_name: str, overrides: dict[str, str]) -> Synthesized:
     """Synthesize like `cdk synth -c env=... -c key=value` does, with cdk-nag; fail with its findings."""
-    from stacks.environment import build_environment, new_app
+    from stacks.environment import build_app, new_app
     from stacks.nag import add_checks
-    from stacks.settings import load_settings, overrides_from_context, settings_from_context
 
     app = new_app(context={"env": env_name, **overrides}, outdir=str(outdir))
-    context = app.node.get_all_context()
-    settings = settings_from_context(context)
-    if settings.pipeline.enabled:
-        from stacks.pipeline import PipelineStack
-
-        overrides_in_force = overrides_from_context(context)
-        stages = [load_settings(name, overrides_in_force) for name in settings.pipeline.stages]
-        PipelineStack(app, settings=settings, stages=stages, overrides=overrides_in_force)
-    else:
-        build_environment(app, settings)
+    build_app(app)
     add_checks(app)
     try:
         app.synth()
