@@ -17,6 +17,8 @@ DLC_ACCOUNTS: dict[str, str] = {
     "ap-southeast-3": "907027046896",
     "ap-southeast-4": "457447274322",
     "ap-southeast-5": "550225433462",
+    "ap-southeast-6": "633930458069",
+    "ap-east-2": "975050140332",
     "ap-southeast-7": "590183813437",
     "mx-central-1": "637423239942",
     "ap-northeast-3": "364406365360",

@@ -152,3 +152,24 @@ def test_more_workers_than_vcpus_is_refused():
 def test_enabled_without_a_model_url_stops_synth():
     with pytest.raises(SettingsError, match=r"sentiment\.model_data_url"):
         load_settings("dev", {"sentiment.enabled": "true"})
+
+
+def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_version_it_knows():
+    """The SDK's offline tables, so a new region or a moved repository cannot drift past us silently."""
+    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from stacks.images import DLC_ACCOUNTS
+
+    versions = image_uris.config_for_framework("pytorch")["inference_graviton"]["versions"]
+    shared = set(versions) & set(GRAVITON_IMAGES)
+    assert shared == set(GRAVITON_IMAGES), "the SDK no longer knows a version we offer"
+    for version in sorted(shared):
+        sdk = versions[version]
+        assert sdk["repository"] == GRAVITON_IMAGES[version][0]
+        assert f"py{GRAVITON_IMAGES[version][2].replace('.', '')}" in sdk["py_versions"]
+        for region, account in sdk["registries"].items():
+            assert DLC_ACCOUNTS.get(region) == account, region
+            assert graviton_image_uri(region, version).startswith(f"{account}.dkr.ecr.{region}.")
+        for region in ("us-west-2", "af-south-1", "cn-north-1", "us-gov-west-1"):
+            assert graviton_image_uri(region, version) == image_uris.retrieve(
+                "pytorch", region=region, version=version, image_scope="inference_graviton",
+                instance_type="ml.c7g.4xlarge")
