@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.cli_types import non_negative_int, positive_int, positive_int_list
+
 PROG = "python -m inference.benchmark_handler"
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "training" / "data" / "sample"
 # RoBERTa-base's shape, for `--preset base`.
@@ -98,36 +100,6 @@ def run(methods: dict[str, Callable[[list[str]], object]], batches: list[list[st
     return [Result(name, len(batches[0]), values, sum(values)) for name, values in latencies.items()]
 
 
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return sizes
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -137,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", help="a saved model or model.tar.gz (default: build one with --preset)")
     parser.add_argument("--preset", choices=("tiny", "base"), default="tiny",
                         help="random-weight model to build when no --model-dir is given")
-    parser.add_argument("--requests", type=_positive_int, default=100, help="timed requests per batch size")
-    parser.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 8, 32], help="texts per request")
-    parser.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed requests first")
+    parser.add_argument("--requests", type=positive_int, default=100, help="timed requests per batch size")
+    parser.add_argument("--batch-sizes", type=positive_int_list, default=[1, 8, 32], help="texts per request")
+    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed requests first")
     parser.add_argument("--no-batched-pipeline", action="store_true", help="skip the pipeline(batch_size=n) row")
     parser.add_argument("--seed", type=int, default=0, help="seed for choosing the texts")
     return parser

@@ -39,6 +39,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 from inference import loadtest_report as reports
+from inference.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
 from inference.loadtest_report import Sample
 
 PROG = "python -m inference.loadtest"
@@ -597,16 +598,6 @@ def _now() -> str:
 # ----------------------------------------------------------------------------------------------------- CLI
 
 
-def _concurrency_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    if not values or any(value < 1 for value in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers separated by commas, got {text!r}")
-    return values
-
-
 def _shape(text: str) -> tuple[int, int]:
     if text in SHAPES:
         return SHAPES[text]
@@ -617,39 +608,6 @@ def _shape(text: str) -> tuple[int, int]:
     if inputs < 1 or outputs < 1:
         raise argparse.ArgumentTypeError(f"token counts must be positive, got {text!r}")
     return inputs, outputs
-
-
-def _positive(kind):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return value
-
-    return parse
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected zero or more, got {text!r}")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text!r}") from None
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -671,24 +629,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llm: LMI text generation requests; sentiment: batches of texts")
     parser.add_argument("--shape", type=_shape, default=None, metavar="INxOUT",
                         help="llm request shape in tokens; the recipe's are 32x128 and 256x32 (default 32x128)")
-    parser.add_argument("--input-tokens", type=_positive(int), help="llm prompt length (overrides --shape)")
-    parser.add_argument("--output-tokens", type=_positive(int),
+    parser.add_argument("--input-tokens", type=positive_int, help="llm prompt length (overrides --shape)")
+    parser.add_argument("--output-tokens", type=positive_int,
                         help="llm max_new_tokens, always sent (overrides --shape)")
-    parser.add_argument("--batch-size", type=_positive(int), default=8, help="sentiment texts per request")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="sentiment texts per request")
     parser.add_argument("--tokenizer", metavar="DIR",
                         help="count tokens with this Hugging Face tokenizer (default: whitespace words)")
-    parser.add_argument("--concurrency", type=_concurrency_list, default=[1], metavar="N[,N...]",
+    parser.add_argument("--concurrency", type=positive_int_list, default=[1], metavar="N[,N...]",
                         help="concurrent clients per step; a list sweeps, e.g. 1,4,16,32")
     amount = parser.add_mutually_exclusive_group()
-    amount.add_argument("--requests", type=_positive(int), metavar="N",
+    amount.add_argument("--requests", type=positive_int, metavar="N",
                         help="measured requests per step, all clients together (default: 10 per client)")
-    amount.add_argument("--duration", type=_positive(float), metavar="SECONDS",
+    amount.add_argument("--duration", type=positive(float), metavar="SECONDS",
                         help="measure each step for this long instead of a request count")
-    parser.add_argument("--warmup", type=_non_negative_int, default=1, metavar="N",
+    parser.add_argument("--warmup", type=non_negative_int, default=1, metavar="N",
                         help="unmeasured requests per client before each step")
-    parser.add_argument("--timeout", type=_positive(float), default=60.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=positive(float), default=60.0, metavar="SECONDS",
                         help="per request; SageMaker real-time invocations stop at 60 s")
-    parser.add_argument("--max-error-rate", type=_rate, default=0.01, metavar="FRACTION",
+    parser.add_argument("--max-error-rate", type=fraction, default=0.01, metavar="FRACTION",
                         help="exit 1 when any step's errors / requests exceeds this")
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="write report.json, report.csv and report.png (compare.png with --compare)")

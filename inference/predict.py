@@ -16,6 +16,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from inference.cli_types import positive_int
+
 PROG = "python -m inference.predict"
 JSON = "application/json"
 
@@ -96,16 +98,6 @@ def parse_results(body: bytes, texts: list[str], top_k: int | None) -> list[list
         raise RequestFailed(f"unexpected response ({error}): {_first_line(body)}") from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -116,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--endpoint", help="SageMaker endpoint name, invoked with boto3")
     target.add_argument("--url", help="a server with the container contract, e.g. http://127.0.0.1:8080")
     parser.add_argument("--region", help="AWS region of the endpoint (default: the boto3 configuration)")
-    parser.add_argument("--top-k", type=_positive_int, help="print the K best labels per text")
+    parser.add_argument("--top-k", type=positive_int, help="print the K best labels per text")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for --url")
     parser.add_argument("--json", action="store_true", help="print the raw JSON response instead")
     parser.add_argument("texts", nargs="*", metavar="TEXT", help="texts to classify (default: lines of stdin)")
