@@ -151,3 +151,7 @@ def test_every_step_is_logged_to_cloudwatch(tmp_path):
         "cost guard", "gpu check", "registry login", "pull base image", "fetch code", "build image", "train",
         "wheelhouse", "package", "upload"]
     assert all("--log-group-name training-logs --log-stream-name run-0042/steps" in s for s in steps)
+    # The stream exists before the first event is put.
+    create = _index(calls, "aws logs create-log-stream --region us-west-2 --log-group-name training-logs "
+                           "--log-stream-name run-0042/steps")
+    assert create < _index(calls, "aws logs put-log-events")

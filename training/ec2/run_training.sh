@@ -22,6 +22,9 @@ STEP="start"
 
 mkdir -p "$WORK" "$(dirname "$LOG_FILE")"
 exec > >(tee -a "$LOG_FILE") 2>&1
+# PutLogEvents needs the stream to exist; docker's awslogs driver creates its own streams.
+aws logs create-log-stream --region "$REGION" --log-group-name "$LOG_GROUP" --log-stream-name "${RUN_ID}/steps" \
+  >/dev/null 2>&1 || true
 
 log() {
   local message
