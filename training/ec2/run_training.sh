@@ -14,7 +14,14 @@ PREFIX="s3://${BUCKET}/models/sentiment/${RUN_ID}"
 LOG_FILE="${LOG_FILE:-/var/log/training-run.log}"
 # The instance's NVMe (p4d: 8 TB) holds data, caches and checkpoints; the root volume is the fallback.
 if [[ -z "${WORK_ROOT:-}" ]]; then
-  if [[ -d /opt/dlami/nvme ]]; then WORK_ROOT=/opt/dlami/nvme; else WORK_ROOT=/opt/training; fi
+  WORK_ROOT=/opt/training
+  if [[ -d /opt/dlami/nvme ]]; then
+    # The DLAMI mounts the NVMe from a boot service that may still be running: wait for it (5 min at most).
+    for _ in $(seq 60); do
+      if mountpoint -q /opt/dlami/nvme; then WORK_ROOT=/opt/dlami/nvme; break; fi
+      sleep 5
+    done
+  fi
 fi
 WORK="${WORK_ROOT}/run-${RUN_ID}"
 IMAGE="sentiment-training:${RUN_ID}"
