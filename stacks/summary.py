@@ -12,9 +12,13 @@ from pathlib import Path
 
 
 def summarize(assembly_dir: Path) -> list[tuple[str, int, collections.Counter]]:
+    """(stack, resource count, resource kinds) for every stack, nested stage assemblies (the pipeline's) included."""
     manifest = json.loads((assembly_dir / "manifest.json").read_text())
     rows = []
     for artifact in manifest.get("artifacts", {}).values():
+        if artifact.get("type") == "cdk:cloud-assembly":
+            rows.extend(summarize(assembly_dir / artifact["properties"]["directoryName"]))
+            continue
         if artifact.get("type") != "aws:cloudformation:stack":
             continue
         template_file = artifact["properties"]["templateFile"]

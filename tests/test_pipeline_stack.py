@@ -96,3 +96,14 @@ def test_pipeline_artifacts_are_encrypted_logged_and_the_key_rotates(synthesized
     for role in template.find_resources("AWS::IAM::Role").values():
         assert not any("FullAccess" in json.dumps(arn) or "AdministratorAccess" in json.dumps(arn)
                        for arn in role["Properties"].get("ManagedPolicyArns", []))
+
+
+def test_summary_lists_the_stage_stacks_too(synthesized, capsys):
+    from stacks.summary import main
+
+    assert main([str(synthesized("pipeline").outdir)]) == 0
+    out = capsys.readouterr().out
+    assert "mlrecipes-pipeline " in out
+    for env_name in ("dev", "staging", "prod"):
+        assert f"mlrecipes-pipeline/{env_name}/mlrecipes-{env_name}-network" in out
+    assert "10 stacks," in out
