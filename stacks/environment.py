@@ -21,10 +21,6 @@ class EnvironmentStacks:
     network: NetworkStack
     optional: dict[str, cdk.Stack] = field(default_factory=dict)
 
-    @property
-    def all(self) -> list[cdk.Stack]:
-        return [self.artifacts, self.network, *self.optional.values()]
-
 
 def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks:
     """Stacks for `settings`: storage and network always; workloads only when their section is enabled."""

@@ -74,7 +74,6 @@ class PipelineStack(cdk.Stack):
             self_mutation=True,
             cross_account_keys=True,
             enable_key_rotation=True,
-            artifact_bucket=None,
             code_build_defaults=pipelines.CodeBuildOptions(build_environment=codebuild.BuildEnvironment(
                 build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
                 compute_type=codebuild.ComputeType.LARGE,

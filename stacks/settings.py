@@ -266,10 +266,6 @@ def read_shared(path: Path = CDK_JSON) -> dict[str, Any]:
     return dict(json.loads(path.read_text())["context"].get("shared") or {})
 
 
-def environment_names() -> list[str]:
-    return list(read_environments())
-
-
 def load_settings(env_name: str | None = None, overrides: Mapping[str, Any] | None = None,
                   environments: Mapping[str, Mapping[str, Any]] | None = None,
                   shared: Mapping[str, Any] | None = None) -> Settings:
@@ -339,10 +335,11 @@ def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _paths(cls: type, prefix: str) -> list[str]:
     paths = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name == "name" and cls is Settings:
             continue
-        kind = _field_types(cls)[f.name]
+        kind = hints[f.name]
         if dataclasses.is_dataclass(kind):
             paths.extend(_paths(kind, f"{prefix}{f.name}."))
         else:
@@ -366,14 +363,11 @@ def _check_known(key: str, value: Any) -> None:
     raise SettingsError(key, value, allowed)
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind = _field_types(cls)[f.name]
+        kind = hints[f.name]
         path = prefix + f.name
         if dataclasses.is_dataclass(kind):
             kwargs[f.name] = _build(kind, values, path + ".")
