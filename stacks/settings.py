@@ -154,7 +154,8 @@ class SentimentSettings:
                                 f"at least sentiment.min_instances ({self.min_instances})")
 
 
-LMI_VERSIONS = ("0.23.0", "0.27.0", "0.29.0", "0.33.0", "0.35.0", "0.38.0")
+# LMI releases whose DJL Serving source was read (inference/lmi/versions.py says what each one does).
+LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,9 @@ class FalconSettings:
     # Uncompressed weights under an S3 prefix, served from /opt/ml/model instead of the hub.
     model_s3_uri: str | None = setting(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$",
                                        describe="an s3:// prefix ending in /")
+    # Hub revision (commit hash, tag or branch) the container downloads; None follows the hub's main branch.
+    model_revision: str | None = setting(None, pattern=r"^[A-Za-z0-9][\w.-]{0,99}$",
+                                         describe="a Hugging Face revision: a commit hash, tag or branch name")
     instance_type: str = setting("ml.g5.48xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
                                  describe="a SageMaker instance type such as ml.g5.48xlarge")
     tensor_parallel_degree: int = setting(8, choices=(1, 2, 4, 8))
@@ -179,6 +183,10 @@ class FalconSettings:
     max_rolling_batch_prefill_tokens: int = setting(1024, minimum=16, maximum=1048576)
     max_input_tokens: int = setting(1024, minimum=1, maximum=131072)
     max_new_tokens: int = setting(256, minimum=1, maximum=131072)
+    # vLLM's share of each GPU for weights, activations and KV cache (LMI 0.33+ continuous batching only).
+    gpu_memory_utilization: float = setting(0.9, minimum=0.5, maximum=0.98)
+    # LMI 0.23 rolling batch: `json` streams one JSON document in pieces; `jsonlines` one JSON line per token.
+    output_formatter: str = setting("json", choices=("json", "jsonlines"))
     model_loading_timeout_s: int = setting(1800, minimum=60, maximum=3600)
     startup_health_check_timeout_s: int = setting(3600, minimum=60, maximum=3600)
     download_timeout_s: int = setting(3600, minimum=60, maximum=3600)

@@ -1,0 +1,5 @@
+import sys
+
+from inference.lmi.cli import main
+
+sys.exit(main())
