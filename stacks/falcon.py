@@ -50,7 +50,7 @@ class FalconStack(EnvironmentStack):
         warnings = lmi.check(config)
         image = lmi.image_uri(settings.region, config.lmi_version)
         repository_arn = lmi.repository_arn(settings.region)
-        environment = lmi.to_environment(lmi.render(config))
+        environment = lmi.to_environment(config)
         report = lmi.sizing(config)
         print(f"falcon sizing ({settings.name}):\n{report.format_report()}", file=sys.stderr)
         for warning in warnings:
@@ -103,12 +103,17 @@ class FalconStack(EnvironmentStack):
         if config.max_instances > config.min_instances:
             self._autoscaling(config, endpoint)
 
-        payload = '{"inputs": "What is Amazon SageMaker?", "parameters": {"max_new_tokens": 128}}'
         cdk.CfnOutput(self, "EndpointName", value=endpoint.attr_endpoint_name, description="Falcon endpoint")
         cdk.CfnOutput(self, "InvokeCommand", description="Ask the endpoint (always send max_new_tokens: default 30)",
                       value=(f"aws sagemaker-runtime invoke-endpoint --region {self.region} --endpoint-name "
                              f"{self.endpoint_name} --content-type application/json --cli-binary-format "
-                             f"raw-in-base64-out --body '{payload}' /dev/stdout"))
+                             f"raw-in-base64-out --body '{lmi.request_body(config)}' /dev/stdout"))
+        streaming = lmi.streaming_request_body(config)
+        if streaming is not None:
+            cdk.CfnOutput(self, "InvokeStreamCommand", description="Ask the endpoint, tokens streamed back",
+                          value=(f"aws sagemaker-runtime invoke-endpoint-with-response-stream --region {self.region} "
+                                 f"--endpoint-name {self.endpoint_name} --content-type application/json "
+                                 f"--cli-binary-format raw-in-base64-out --body '{streaming}' /dev/stdout"))
         cdk.CfnOutput(self, "LogGroupName", value=self.log_group_name, description="Container logs")
 
     def _security_group(self, vpc: ec2.IVpc, config: FalconSettings, cidr: str) -> ec2.SecurityGroup:

@@ -20,6 +20,7 @@ from inference.lmi.models import (
     kv_bytes_per_token_split_by_layers,
 )
 from inference.lmi.render import MODEL_DIR, environment_name, render, to_environment, to_properties_file
+from inference.lmi.requests import request_body, streaming_request_body
 from inference.lmi.rules import (
     check,
     check_batching_keys,
@@ -42,6 +43,7 @@ __all__ = [
     "check_health_check_covers_loading", "check_memory", "check_mode_in_version", "check_prefill_holds_a_prompt",
     "check_revision_is_for_the_hub", "check_tensor_parallel", "check_timeouts", "container", "environment_name",
     "gpu_instance", "has_local_nvme", "image_uri", "kv_bytes_per_token", "kv_bytes_per_token_split_by_heads",
-    "kv_bytes_per_token_split_by_layers", "render", "repository_arn", "sizing", "to_environment",
+    "kv_bytes_per_token_split_by_layers", "render", "repository_arn", "request_body", "sizing",
+    "streaming_request_body", "to_environment",
     "to_properties_file",
 ]
