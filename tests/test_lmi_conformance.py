@@ -16,8 +16,14 @@ import pytest
 
 from inference import lmi
 from stacks.settings import FalconSettings, SettingsError
-from tests.lmi_container import FALCON_HUB_CONFIG, FALCON_RW_CONFIG, MODEL_STORE, StartupError, start, \
-    vllm_engine_arguments
+from tests.lmi_container import (
+    FALCON_HUB_CONFIG,
+    FALCON_RW_CONFIG,
+    MODEL_STORE,
+    StartupError,
+    start,
+    vllm_engine_arguments,
+)
 
 RECIPE = FalconSettings()  # Falcon-40B fp16, TP 8 on ml.g5.48xlarge, batch 32, prefill 1024
 SMOKE = dataclasses.replace(RECIPE, model_id="tiiuae/falcon-7b", instance_type="ml.g5.2xlarge",

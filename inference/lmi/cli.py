@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(f"{name}={value}" for name, value in to_environment(falcon, props).items()))
             else:
                 print(to_properties_file(props), end="")
-            print(f"# LMI {falcon.lmi_version}, {falcon.batching}: {backend(falcon.lmi_version, falcon.batching).summary}",
-                  file=sys.stderr)
+            chosen = backend(falcon.lmi_version, falcon.batching)
+            print(f"# LMI {falcon.lmi_version}, {falcon.batching}: {chosen.summary}", file=sys.stderr)
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
