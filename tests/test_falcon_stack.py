@@ -12,7 +12,7 @@ from aws_cdk.assertions import Match
 
 from inference import lmi
 from stacks.settings import SettingsError, load_settings
-from tests.conftest import REPO_ROOT, synthesize
+from tests.conftest import REPO_ROOT, read_templates, synthesize
 
 HUB = {"falcon.enabled": "true"}
 # Weights from S3, the recipe's container with continuous batching unpaged, and autoscaling.
@@ -42,9 +42,12 @@ def policy_statements(template) -> dict[str, dict]:
 
 def test_model_gets_the_rendered_configuration_as_environment(hub):
     template = hub.template("falcon")
-    expected = lmi.to_environment(lmi.render(load_settings("prod", HUB).falcon))
+    expected = lmi.to_environment(load_settings("prod", HUB).falcon)
     container = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]
     assert container["Environment"] == expected
+    # The container registers the hub model from HF_MODEL_ID and serves it with vLLM's async service.
+    assert container["Environment"]["HF_MODEL_ID"] == "tiiuae/falcon-40b"
+    assert container["Environment"]["OPTION_ENTRYPOINT"] == "djl_python.lmi_vllm.vllm_async_service"
     assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128"
     assert "ModelDataSource" not in container
 
@@ -130,6 +133,10 @@ def test_outputs_name_the_endpoint_an_invoke_command_and_the_log_group(hub):
     template.has_output("InvokeCommand", {"Value": Match.string_like_regexp(
         "invoke-endpoint .*--endpoint-name prod-falcon .*max_new_tokens")})
     template.has_output("LogGroupName", {"Value": "/aws/sagemaker/Endpoints/prod-falcon"})
+    # vLLM (0.33) streams when the body says "stream": true.
+    template.has_output("InvokeStreamCommand", {"Value": Match.string_like_regexp(
+        "invoke-endpoint-with-response-stream .*--endpoint-name prod-falcon .*\"stream\": true")})
+
 
 
 def test_weights_from_s3_are_attached_uncompressed_and_the_model_is_isolated(from_s3):
@@ -140,6 +147,10 @@ def test_weights_from_s3_are_attached_uncompressed_and_the_model_is_isolated(fro
     assert container["ModelDataSource"] == {"S3DataSource": {
         "S3Uri": "s3://models-bucket/falcon-40b/", "S3DataType": "S3Prefix", "CompressionType": "None"}}
     assert container["Environment"]["OPTION_MODEL_ID"] == "/opt/ml/model"
+    assert "HF_MODEL_ID" not in container["Environment"]
+    # 0.23: lmi-dist under MPI (OPTION_ENGINE means nothing there), PagedAttention off.
+    assert container["Environment"]["OPTION_MPI_MODE"] == "true"
+    assert container["Environment"]["OPTION_ROLLING_BATCH"] == "lmi-dist"
     assert container["Environment"]["OPTION_PAGED_ATTENTION"] == "false"
     assert container["Image"] == \
         "380420809688.dkr.ecr.eu-central-2.amazonaws.com/djl-inference:0.23.0-deepspeed0.9.5-cu118"
@@ -208,3 +219,31 @@ def test_app_exits_1_with_one_line_for_a_combination_that_cannot_run(tmp_path):
         "error: invalid setting falcon.tensor_parallel_degree=8: expected at most 1, the GPU count of one "
         "ml.g5.2xlarge"]
     assert not (tmp_path / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_the_recipes_three_configurations_synthesize_on_its_container_and_the_default_one(tmp_path):
+    """dynamic (TP 8, batch 4, delay 100), rolling lmi-dist, rolling + PagedAttention; fp16, prefill 1024, batch
+    32 on LMI 0.23.0, and dynamic / rolling_paged on the default container (which has no unpaged rolling batch).
+    One app, one stage per configuration, cdk-nag on."""
+    import aws_cdk as cdk
+
+    from stacks.environment import build_environment, new_app
+    from stacks.nag import add_checks
+
+    configurations = [("0.23.0", "dynamic"), ("0.23.0", "rolling"), ("0.23.0", "rolling_paged"),
+                      ("0.33.0", "dynamic"), ("0.33.0", "rolling_paged")]
+    app = new_app(outdir=str(tmp_path))
+    expected = {}
+    for version, batching in configurations:
+        settings = load_settings("prod", {**HUB, "falcon.lmi_version": version, "falcon.batching": batching})
+        stage = cdk.Stage(app, f"v{version.replace('.', '')}-{batching.replace('_', '-')}")
+        build_environment(stage, settings)
+        expected[stage.stage_name] = lmi.to_environment(settings.falcon)
+    add_checks(app)
+    app.synth()
+    templates = read_templates(tmp_path)
+    for stage_name, environment in expected.items():
+        (template,) = [t for name, t in templates.items() if name.startswith(stage_name + "/") and "falcon" in name]
+        (model,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Model"]
+        assert model["Properties"]["PrimaryContainer"]["Environment"] == environment, stage_name
