@@ -29,6 +29,11 @@ def test_smoke_synthesizes_with_falcon_through_the_sizing_gate_and_cdk_nag(synth
                                 "VariantName": "AllTraffic", "ModelName": {"Fn::GetAtt": ["Model", "ModelName"]},
                                 "ContainerStartupHealthCheckTimeoutInSeconds": 1200,
                                 "ModelDataDownloadTimeoutInSeconds": 1200}]})
+    # Falcon-7B from the hub on one GPU with vLLM (LMI 0.33): the container registers it from HF_MODEL_ID.
+    (model,) = falcon.find_resources("AWS::SageMaker::Model").values()
+    environment = model["Properties"]["PrimaryContainer"]["Environment"]
+    assert (environment["HF_MODEL_ID"], environment["OPTION_TENSOR_PARALLEL_DEGREE"],
+            environment["OPTION_ROLLING_BATCH"]) == ("tiiuae/falcon-7b", "1", "vllm")
 
 
 def test_everything_e2e_deploys_synthesizes_together(synthesized):
