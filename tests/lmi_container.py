@@ -283,8 +283,9 @@ def _huggingface_023(model: LoadedModel, config: dict | None, tp: int, gpus: int
     visible GPU count must equal the degree). Rolling batch: `is_mpi` is `properties["engine"] != "Python"`,
     where properties are the option.* keys (so option.engine, i.e. OPTION_ENGINE in 0.23); get_rolling_batch_
     class_from_str: auto -> lmi-dist only for LMI_DIST_ADV_MODEL architectures with is_mpi, else scheduler.
-    rolling_batch/lmi_dist_rolling_batch.py: option.paged_attention defaults to true; a tensor-parallel lmi-dist
-    model is sharded over torch.distributed ranks, which exist only under mpirun.
+    rolling_batch/lmi_dist_rolling_batch.py: option.paged_attention defaults to true, and get_model(sharded=TP > 1).
+    How lmi-dist shards is closed source; the ranks it shards over are the processes DJL starts under mpirun
+    (engines/python/.../Connection.java getPythonStartCmd), one per tensor-parallel rank, only in MPI mode.
     """
     options = model.options
     if "device_map" in options:
