@@ -140,6 +140,9 @@ def http_chunks(response, size: int = 65536) -> Iterator[bytes]:
     while True:
         data = response.read1(size)
         if not data:
+            # read1 leaves a Content-Length response open once its length is used up; read() marks it done,
+            # else the next request on this keep-alive connection fails with ResponseNotReady.
+            response.read()
             return
         yield data
 

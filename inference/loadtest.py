@@ -608,6 +608,7 @@ class RunSettings:
 def run(target: Target, workload: Workload, settings: RunSettings, token_counter: str,
         stop: threading.Event | None = None) -> dict:
     """Every step of the sweep, in order; returns the report (steps and run metadata)."""
+    streamed = workload.kind == "llm" and bool(getattr(target, "stream", False))
     report = {
         "tool": "inference.loadtest",
         "version": reports.REPORT_VERSION,
@@ -615,11 +616,11 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         "target": target.describe(),
         "kind": workload.kind,
         "shape": workload.shape,
-        "unit": "labels" if workload.kind == "sentiment" else workload.counter.unit,
+        "unit": "labels" if workload.kind == "sentiment" else "tokens" if streamed else workload.counter.unit,
         "token_counter": "labels returned" if workload.kind == "sentiment" else
-        f"{token_counter}; streamed answers: one token per token line" if getattr(target, "stream", False) else
+        f"tokens as streamed, one per token line (answers that came whole: {token_counter})" if streamed else
         token_counter,
-        "stream": bool(getattr(target, "stream", False)),
+        "stream": streamed,
         "ttfb_note": target.ttfb_note,
         "timeout_s": getattr(target, "timeout", None),
         "warmup_per_client": settings.warmup,
