@@ -124,7 +124,7 @@ def _signals_interrupt():
 
 
 def main(argv: list[str] | None = None, *, account: Account | None = None, runner: CdkRunner | None = None,
-         loadtest: Callable[[list[str]], int] | None = None, out: TextIO = sys.stdout, **options: Any) -> int:
+         loadtest: Callable[[list[str]], int] | None = None, out: TextIO | None = None, **options: Any) -> int:
     """`account`, `runner`, `loadtest` and `options` (Benchmark fields) replace the real ones in tests."""
     parser = build_parser()
     try:
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None, *, account: Account | None = None, runne
         from inference import loadtest as loadtest_module
 
         loadtest = loadtest_module.main
-    benchmark = Benchmark(plan=plan, account=account, runner=runner, loadtest=loadtest, out=out,
+    benchmark = Benchmark(plan=plan, account=account, runner=runner, loadtest=loadtest, out=out or sys.stdout,
                           poll_s=args.poll_seconds, **options)
     try:
         with _signals_interrupt():
