@@ -55,7 +55,7 @@ class FakeLmi(ThreadingHTTPServer):
         self._lock = threading.Condition()
         self._stopped = threading.Event()
         super().__init__(("127.0.0.1", 0), _Handler)
-        self._workers = [threading.Thread(target=self.serve_forever, daemon=True),
+        self._workers = [threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True),
                          threading.Thread(target=self._schedule, daemon=True)]
 
     # -- control
