@@ -413,6 +413,9 @@ class Workload:
         try:
             answer = json.loads(body)
         except ValueError:
+            lines = read_stream([(0.0, body)])  # JSON lines (LMI 0.23 with option.output_formatter=jsonlines)
+            if self.kind == "llm" and lines.streamed and not lines.error:
+                return 0, [lines.text], None
             return 0, [], f"response is not JSON: {_one_line(body.decode('utf-8', 'replace'), 80)}"
         if self.kind == "sentiment":
             if not isinstance(answer, list):

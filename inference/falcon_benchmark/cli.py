@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None, *, account: Account | None = None, runne
                 tokenizer=args.tokenizer, keep=args.keep, reuse_existing=args.reuse_existing, dry_run=args.dry_run,
                 overrides=overrides)
     runner = runner or CdkRunner()
+    print(f"checking that {', '.join(args.modes)} synthesize (offline) ...", file=out or sys.stdout, flush=True)
     for mode in args.modes:  # a mode the container or GPUs cannot run fails synth here, not after a deploy
         if not runner.synth(plan.stack("falcon"), plan.context(mode)):
             print(f"{PROG}: error: falcon.batching={mode} does not synthesize (the reason is above)",

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 PRICES: dict[str, dict[str, float]] = {
     "us-east-1": {"ml.g5.2xlarge": 1.515, "ml.g5.12xlarge": 7.09, "ml.g5.24xlarge": 10.18, "ml.g5.48xlarge": 20.36,
-                  "nat-gateway": 0.045},
+                  "nat-gateway": 0.045, "interface-endpoint": 0.01},
     "us-west-2": {"ml.g5.2xlarge": 1.515, "ml.g5.12xlarge": 7.09, "ml.g5.24xlarge": 10.18, "ml.g5.48xlarge": 20.36,
-                  "nat-gateway": 0.045},
+                  "nat-gateway": 0.045, "interface-endpoint": 0.01},
     "eu-west-1": {"ml.g5.2xlarge": 1.691, "ml.g5.12xlarge": 7.91, "ml.g5.24xlarge": 11.36, "ml.g5.48xlarge": 22.72,
-                  "nat-gateway": 0.048},
+                  "nat-gateway": 0.048, "interface-endpoint": 0.011},
 }
 # Wall time of one mode outside the load steps: deploy or update until InService (a 40B model loads for
 # 15-25 min), warm-up, and for the last one the teardown. Used only for the estimate.

@@ -136,8 +136,11 @@ class Benchmark:
     def print_costs(self) -> None:
         settings = self.plan.settings
         items = [(settings.falcon.instance_type, settings.falcon.min_instances)]
-        if self.plan.stack("network") not in self.existing:
-            items.append(("nat-gateway", settings.network.nat_gateways))
+        if self.plan.stack("network") not in self.existing:  # the run creates the network too: count its hours
+            interface_endpoints = sum(bool(on) for name, on in vars(settings.network.endpoints).items()
+                                      if name != "s3_gateway")
+            items += [("nat-gateway", settings.network.nat_gateways),
+                      ("interface-endpoint", 2 * interface_endpoints)]  # one per zone, two zones
         self.rate = costs.hourly(settings.region, items)
         for line in self.rate.lines:
             self.say(f"  cost: {line}")

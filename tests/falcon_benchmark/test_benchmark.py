@@ -167,7 +167,9 @@ def test_two_modes_end_to_end_against_the_fake_lmi(fake_aws, cdk, tmp_path, monk
     assert compared["endpoint_hours"] > 0 and compared["cost_usd"] >= 0
     assert (out / "compare.png").stat().st_size > 0 and (out / "compare.csv").read_text().startswith("mode,shape")
     assert "recipe tok/s" in printed and "continuous + PagedAttention" in printed
-    assert "about $20.41 per hour" in printed  # one ml.g5.48xlarge + the NAT gateway this run creates
+    # The endpoint's instance, and the network this run creates (NAT gateway, interface endpoints).
+    assert "1 x ml.g5.48xlarge at $20.360/h" in printed and "1 x nat-gateway" in printed
+    assert "x interface-endpoint at $0.010/h" in printed
     assert "cost of this run: about $" in printed
 
 
@@ -312,3 +314,38 @@ def test_make_target_passes_its_variables(variables, expected):
     done = subprocess.run(["make", "-n", "falcon-benchmark", *variables], cwd=root, capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0 and expected in " ".join(done.stdout.splitlines()[-1].split())
+
+
+def test_sigterm_tears_down_like_ctrl_c(fake_aws, cdk, tmp_path):
+    import os
+    import signal
+
+    runner, calls = cdk
+
+    def terminated(_args):
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill` or a cancelled CI job would
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    status = cli.main(["--modes", "rolling", "--shapes", "32x128", "--out", str(tmp_path), "--poll-seconds", "0.01"],
+                      account=Aws(runtime=WarmRuntime()).account, runner=runner, loadtest=terminated, **quiet())
+    assert status == 130 and [s for v, s, _ in calls() if v == "destroy"][:1] == [f"{PREFIX}-falcon"]
+    assert signal.getsignal(signal.SIGTERM) is before  # restored afterwards
+
+
+class ImpatientRunner(CdkRunner):
+    """A second Ctrl-C arrives while the first stack is being destroyed."""
+
+    def destroy(self, stack, context):
+        raise KeyboardInterrupt
+
+
+def test_a_second_ctrl_c_during_teardown_lists_every_stack_left(fake_aws, cdk, tmp_path, capsys):
+    runner, _ = cdk
+    status, _ = run_with_stub_loadtest(ImpatientRunner(command=runner.command), Aws(runtime=WarmRuntime()), tmp_path,
+                                       loadtest_status=130)
+    printed = capsys.readouterr().out
+    assert status == 4 and "TEARDOWN INCOMPLETE" in printed
+    left = [line for line in printed.splitlines() if "destroy --force --exclusively" in line]
+    assert [line.rsplit(" ", 1)[-1] for line in left] == [f"{PREFIX}-falcon", f"{PREFIX}-network",
+                                                          f"{PREFIX}-artifacts"]

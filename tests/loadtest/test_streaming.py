@@ -156,3 +156,10 @@ def test_stubbed_response_stream_call_has_the_api_s_parameters_and_model_errors_
                                                   "Accept": "application/jsonlines"})
         outcome = loadtest.SageMakerTarget("falcon", client=client, stream=True).invoke(b"{}")
     assert outcome.error == "4xx" and "ModelError" in outcome.detail
+
+
+def test_a_whole_answer_in_json_lines_is_still_read():
+    """LMI 0.23 with option.output_formatter=jsonlines answers plain requests in JSON lines too."""
+    workload = loadtest.llm_workload(4, 3, loadtest.WordCounter())
+    _output, texts, problem = workload.read(workload.payloads[0], b'{"outputs": [" a"]}\n{"outputs": [" b c"]}\n')
+    assert problem is None and texts == [" a b c"]
