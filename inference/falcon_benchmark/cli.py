@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from inference.cli_types import fraction, non_negative_int, positive, positive_int_list
 from inference.falcon_benchmark.aws import Account, CdkRunner
-from inference.falcon_benchmark.recipe import DEFAULT_CONCURRENCY, MODES, SHAPES
+from inference.falcon_benchmark.recipe import DEFAULT_CONCURRENCY, MODES, SHAPES, default_modes
 from inference.falcon_benchmark.run import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -40,8 +40,9 @@ Before anything is deployed it checks credentials, region, CDK bootstrap, the Sa
 every mode synthesizes, and prints the hourly cost and an estimate for the run. Ctrl-C, SIGTERM or a failed
 step still tears down; a second Ctrl-C during teardown stops it and prints the commands left to run.
 
-The recipe: Falcon-40B fp16 on ml.g5.48xlarge (about $20/h), TP 8. A full default run (3 modes x 2 shapes x
-4 concurrencies x 120 s) takes about 2 h: about $40-50. Try --modes rolling_paged --shapes 32x128 first.
+The recipe: Falcon-40B fp16 on ml.g5.48xlarge (about $20/h), TP 8. A default run (2 modes x 2 shapes x
+4 concurrencies x 120 s) takes about 1.5 h plus teardown: about $30; the recipe's three modes (LMI 0.23) about
+2.3 h, $46. Try --modes rolling_paged --shapes 32x128 (about 35 min, $12) or --dry-run first.
 
   make falcon-benchmark ENV=dev MODES=dynamic,rolling_paged SHAPES=32x128,256x32
   make falcon-benchmark ARGS=--help           (GNU make answers `make X --help` itself)
@@ -77,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="dev", help="environment from cdk.json (default: dev)")
-    parser.add_argument("--modes", type=_modes, default=MODES, metavar="MODE[,MODE...]",
-                        help=f"batching modes to compare, in order (default: {','.join(MODES)})")
+    parser.add_argument("--modes", type=_modes, metavar="MODE[,MODE...]",
+                        help=f"batching modes to compare, in order, of {', '.join(MODES)} (default: every mode the "
+                             "container offers: dynamic,rolling_paged; rolling too with falcon.lmi_version=0.23.0, "
+                             "the only release with continuous batching without paging)")
     parser.add_argument("--shapes", type=_shapes, default=SHAPES, metavar="INxOUT[,...]",
                         help=f"request shapes in tokens (default: the recipe's {','.join(SHAPES)})")
     parser.add_argument("--concurrency", type=positive_int_list, default=list(DEFAULT_CONCURRENCY),
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None, *, account: Account | None = None, runne
             return EXIT_USAGE
         overrides[key] = value
     try:
+        if args.modes is None:
+            args.modes = default_modes(load_settings(args.env, overrides).falcon.lmi_version)
         for mode in args.modes:  # every mode's settings, before anything costs money
             settings = load_settings(args.env, {**overrides, "falcon.enabled": "true", "falcon.batching": mode})
     except SettingsError as error:

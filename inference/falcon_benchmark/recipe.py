@@ -34,6 +34,16 @@ PUBLISHED: dict[tuple[str, str], Published] = {
 }
 
 
+# Continuous batching without PagedAttention exists only in LMI 0.23 (lmi-dist 1 has a paging switch); lmi-dist 2
+# (0.27, 0.29) and vLLM (0.33 on) always page. inference.lmi refuses `rolling` elsewhere at synth.
+UNPAGED_ROLLING_VERSIONS = ("0.23.0",)
+
+
+def default_modes(lmi_version: str) -> tuple[str, ...]:
+    """Every mode the container version offers, in the recipe's order."""
+    return MODES if lmi_version in UNPAGED_ROLLING_VERSIONS else ("dynamic", "rolling_paged")
+
+
 def streams(mode: str) -> bool:
     """Whether LMI streams tokens per request in this mode: rolling batch only (see inference.llm_stream)."""
     return mode != "dynamic"

@@ -349,3 +349,14 @@ def test_a_second_ctrl_c_during_teardown_lists_every_stack_left(fake_aws, cdk, t
     left = [line for line in printed.splitlines() if "destroy --force --exclusively" in line]
     assert [line.rsplit(" ", 1)[-1] for line in left] == [f"{PREFIX}-falcon", f"{PREFIX}-network",
                                                           f"{PREFIX}-artifacts"]
+
+
+@pytest.mark.parametrize(("argv", "modes"), [
+    ([], ["dynamic", "rolling_paged"]),  # LMI 0.33 (the default) always pages: no plain `rolling`
+    (["-c", "falcon.lmi_version=0.23.0"], ["dynamic", "rolling", "rolling_paged"]),
+])
+def test_default_modes_are_those_the_container_offers(fake_aws, cdk, tmp_path, argv, modes):
+    runner, calls = cdk
+    status = cli.main(["--dry-run", "--out", str(tmp_path), *argv], account=Aws().account, runner=runner,
+                      loadtest=lambda _args: 0, **quiet())
+    assert status == 0 and [context["falcon.batching"] for _, _, context in calls()] == modes
