@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -203,7 +204,7 @@ class Benchmark:
         argv = ["--endpoint", self.endpoint, "--region", self.plan.settings.region, "--kind", "llm", "--shape", shape,
                 "--concurrency", ",".join(map(str, self.plan.concurrency)), "--duration", f"{self.plan.step_seconds:g}",
                 "--warmup", str(self.plan.warmup_per_client), "--max-error-rate", f"{self.plan.max_error_rate:g}",
-                "--out", str(folder), "--label", f"{mode} {shape}", "--no-progress"]
+                "--out", str(folder), "--label", f"{mode} {shape}"]  # a progress bar shows on a terminal only
         if self.plan.stream and streams(mode):
             argv.append("--stream")
         if self.plan.tokenizer:
@@ -247,6 +248,7 @@ class Benchmark:
             status = EXIT_INTERRUPTED
         except Exception as error:  # a bug or an unexpected AWS answer: still tear down
             self.say(f"unexpected {type(error).__name__}: {error}")
+            traceback.print_exc()
             status = EXIT_FAILED
         finally:
             torn_down = self.teardown() if not self.plan.dry_run else True
@@ -298,7 +300,8 @@ class Benchmark:
     def finish(self) -> None:
         """The comparison table, files and picture from whatever finished, and the cost of the run."""
         if not self.reports:
-            self.say("no load step finished: nothing to compare")
+            if self.billing_started is not None:
+                self.say("no load step finished: nothing to compare")
         else:
             entries = compare.rows(self.plan.modes, self.plan.shapes, self.reports)
             print("\n" + compare.format_table(entries) + "\n", file=self.out, flush=True)

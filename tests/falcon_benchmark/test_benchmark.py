@@ -360,3 +360,15 @@ def test_default_modes_are_those_the_container_offers(fake_aws, cdk, tmp_path, a
     status = cli.main(["--dry-run", "--out", str(tmp_path), *argv], account=Aws().account, runner=runner,
                       loadtest=lambda _args: 0, **quiet())
     assert status == 0 and [context["falcon.batching"] for _, _, context in calls()] == modes
+
+
+def test_an_unexpected_aws_error_and_an_unusable_endpoint_still_tear_down(fake_aws, cdk, tmp_path, capsys):
+    runner, calls = cdk
+    aws = Aws(runtime=WarmRuntime(), statuses=())
+    aws.stubbers["sagemaker"].add_client_error("describe_endpoint", "AccessDeniedException", "not allowed")
+    status, _ = run_with_stub_loadtest(runner, aws, tmp_path)
+    assert status == 1 and "unexpected ClientError" in capsys.readouterr().out
+    assert f"{PREFIX}-falcon" in [s for v, s, _ in calls() if v == "destroy"]
+
+    status, seen = run_with_stub_loadtest(runner, Aws(runtime=WarmRuntime()), tmp_path, loadtest_status=3)
+    assert status == 1 and len(seen) == 1 and "ended with status 3" in capsys.readouterr().out
