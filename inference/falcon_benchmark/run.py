@@ -1,5 +1,9 @@
 """One benchmark run: check, deploy each mode, wait, warm up, load-test each shape, tear down, compare.
 
+Switching modes: SageMaker updates an endpoint blue/green, starting the new fleet before it stops the old one
+(UpdateEndpoint), so an update in place needs endpoint quota for both fleets. With less quota the run destroys
+its Falcon stack between modes and deploys the next one fresh.
+
 Teardown is in a `finally`: a failed step, an exception or Ctrl-C (SIGINT; the CLI turns SIGTERM and SIGHUP
 into the same) still destroys every stack this run created, newest first. Stacks that existed before the run
 are never destroyed: an existing Falcon stack is only updated, and only with --reuse-existing.
@@ -76,6 +80,7 @@ class Benchmark:
     problems: list[str] = field(default_factory=list)  # steps whose error rate exceeded the limit
     endpoint: str = ""
     last_context: dict[str, str] = field(default_factory=dict)
+    in_place: bool = True  # switch modes by updating the stack (quota for two fleets) or by replacing it
     billing_started: float | None = None
     billed_s: float = 0.0
     rate: costs.Rate | None = None
@@ -123,14 +128,23 @@ class Benchmark:
         self.existing = {name for name in map(self.plan.stack, ("artifacts", "network", "falcon"))
                          if self.account.stack_exists(name)}
         falcon_stack = self.plan.stack("falcon")
+        self.in_place = quota >= 2 * falcon.max_instances
         if falcon_stack in self.existing and not self.plan.reuse_existing:
             problems.append(f"stack {falcon_stack} already exists: a benchmark would change its batching mode; "
                             "pass --reuse-existing to update it in place (it stays up, in the last mode run), or "
                             "use another ENV")
+        elif falcon_stack in self.existing and not self.in_place:
+            problems.append(f"updating the existing {falcon_stack} runs its old and new instances side by side: the "
+                            f"quota '{falcon.instance_type} for endpoint usage' must be at least "
+                            f"{2 * falcon.max_instances}, it is {quota:g}")
         if problems:
             raise PreconditionFailed("; ".join(problems))
         for difference in differences(falcon.model_id, falcon.instance_type, falcon.tensor_parallel_degree):
             self.say(f"  note: {difference}: the recipe's published figures are for another set-up")
+        if len(self.plan.modes) > 1:
+            self.say("  modes switch by updating the endpoint in place (quota for two fleets)" if self.in_place else
+                     f"  modes switch by destroying and redeploying {falcon_stack}: an update in place would need "
+                     f"quota for {2 * falcon.max_instances} x {falcon.instance_type} (two fleets side by side)")
         self.print_costs()
         return f"account {account}, region {settings.region}, quota {quota:g} x {falcon.instance_type}"
 
@@ -171,6 +185,12 @@ class Benchmark:
             raise StepFailed(str(error)) from None
         self.endpoint = (outputs.get(falcon_stack) or {}).get("EndpointName") or f"{self.plan.settings.name}-falcon"
         return f"endpoint {self.endpoint}, falcon.batching={mode}"
+
+    def replace(self) -> None:
+        try:
+            self.runner.destroy(self.plan.stack("falcon"), self.last_context)
+        except CommandFailed as error:
+            raise StepFailed(str(error)) from None
 
     def wait_in_service(self) -> str:
         seen: dict[str, str] = {}
@@ -232,7 +252,9 @@ class Benchmark:
             if self.plan.dry_run:
                 self.say("dry run: nothing deployed")
                 return EXIT_OK
-            for mode in self.plan.modes:
+            for index, mode in enumerate(self.plan.modes):
+                if index and not self.in_place:
+                    self.step(f"destroy {self.plan.stack('falcon')} before the next mode", self.replace)
                 self.step(f"deploy falcon.batching={mode}", lambda mode=mode: self.deploy(mode))
                 self.step(f"wait for {self.endpoint}", self.wait_in_service)
                 self.step("warm up", self.warm_up)

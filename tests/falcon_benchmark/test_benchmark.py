@@ -51,7 +51,7 @@ def cdk(tmp_path, monkeypatch):
 class Aws:
     """Real boto3 clients under Stubbers, answering the calls a run makes, in order."""
 
-    def __init__(self, runtime=None, existing=(), quota=1.0, statuses=("InService",)):
+    def __init__(self, runtime=None, existing=(), quota=2.0, statuses=("InService",)):
         session = boto3.session.Session(region_name="us-west-2")
         self.clients = {name: session.client(name) for name in ("sts", "ssm", "service-quotas", "cloudformation",
                                                                  "sagemaker")}
@@ -121,7 +121,7 @@ def test_two_modes_end_to_end_against_the_fake_lmi(fake_aws, cdk, tmp_path, monk
     switch = Switch(servers)
     runtime = sagemaker_runtime(switch)
     monkeypatch.setattr(loadtest.SageMakerTarget, "_make_client", staticmethod(lambda *_args: runtime))
-    aws = Aws(runtime=runtime, statuses=("Creating", "InService", "InService"))
+    aws = Aws(runtime=runtime, quota=2.0, statuses=("Creating", "InService", "InService"))  # room for 2 fleets
     out = tmp_path / "run"
     with servers["dynamic"], servers["rolling_paged"]:
         status = cli.main(["--env", "dev", "--modes", "dynamic,rolling_paged", "--shapes", "32x128,256x32",
@@ -256,13 +256,15 @@ def test_keep_leaves_the_stacks_up(fake_aws, cdk, tmp_path, capsys):
     assert "teardown skipped (--keep)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(("existing", "quota", "expected"), [
-    ({f"{PREFIX}-falcon"}, 1.0, "already exists"),
-    (set(), 0.0, "quota 'ml.g5.48xlarge for endpoint usage' is 0"),
+@pytest.mark.parametrize(("existing", "quota", "argv", "expected"), [
+    ({f"{PREFIX}-falcon"}, 2.0, [], "already exists"),
+    (set(), 0.0, [], "quota 'ml.g5.48xlarge for endpoint usage' is 0"),
+    ({f"{PREFIX}-falcon"}, 1.0, ["--reuse-existing"], "must be at least 2, it is 1"),
 ])
-def test_preconditions_stop_before_anything_is_deployed(fake_aws, cdk, tmp_path, capsys, existing, quota, expected):
+def test_preconditions_stop_before_anything_is_deployed(fake_aws, cdk, tmp_path, capsys, existing, quota, argv,
+                                                       expected):
     runner, calls = cdk
-    status, seen = run_with_stub_loadtest(runner, Aws(existing=existing, quota=quota), tmp_path)
+    status, seen = run_with_stub_loadtest(runner, Aws(existing=existing, quota=quota), tmp_path, argv=argv)
     assert status == 3 and not seen and {v for v, _, _ in calls()} == {"synth"}
     assert expected in capsys.readouterr().out
 
@@ -270,7 +272,7 @@ def test_preconditions_stop_before_anything_is_deployed(fake_aws, cdk, tmp_path,
 def test_reuse_existing_updates_the_falcon_stack_but_never_destroys_it(fake_aws, cdk, tmp_path, capsys):
     runner, calls = cdk
     aws = Aws(runtime=WarmRuntime(), existing={f"{PREFIX}-artifacts", f"{PREFIX}-network", f"{PREFIX}-falcon"},
-              statuses=("InService",) * 2)
+              quota=2.0, statuses=("InService",) * 2)
     status, _ = run_with_stub_loadtest(runner, aws, tmp_path, argv=["--reuse-existing"])
     assert status == 0 and not [v for v, _, _ in calls() if v == "destroy"]
     assert "existed before the run and stays up, now with falcon.batching=rolling_paged" in capsys.readouterr().out
@@ -372,3 +374,15 @@ def test_an_unexpected_aws_error_and_an_unusable_endpoint_still_tear_down(fake_a
 
     status, seen = run_with_stub_loadtest(runner, Aws(runtime=WarmRuntime()), tmp_path, loadtest_status=3)
     assert status == 1 and len(seen) == 1 and "ended with status 3" in capsys.readouterr().out
+
+
+def test_without_quota_for_two_fleets_each_mode_gets_a_fresh_endpoint(fake_aws, cdk, tmp_path, capsys):
+    runner, calls = cdk
+    status, seen = run_with_stub_loadtest(runner, Aws(runtime=WarmRuntime(), quota=1.0, statuses=("InService",) * 2),
+                                          tmp_path)
+    assert status == 0 and len(seen) == 2
+    assert [(v, s, c["falcon.batching"]) for v, s, c in calls() if v != "synth"] == [
+        ("deploy", f"{PREFIX}-falcon", "rolling"), ("destroy", f"{PREFIX}-falcon", "rolling"),
+        ("deploy", f"{PREFIX}-falcon", "rolling_paged"), ("destroy", f"{PREFIX}-falcon", "rolling_paged"),
+        ("destroy", f"{PREFIX}-network", "rolling_paged"), ("destroy", f"{PREFIX}-artifacts", "rolling_paged")]
+    assert "an update in place would need quota for 2 x ml.g5.48xlarge" in capsys.readouterr().out
