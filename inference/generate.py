@@ -98,16 +98,17 @@ def summary(tokens: TokenStream, elapsed: float) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--endpoint", help="SageMaker endpoint name, invoked with boto3")
     target.add_argument("--url", help="an LMI server, e.g. http://127.0.0.1:8080 (/invocations is added)")
     parser.add_argument("--region", help="AWS region of the endpoint (default: the boto3 configuration)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128,
-                        help="always sent: LMI's own default is 30")
+                        help="always sent, LMI's own default is 30 (default: 128)")
     parser.add_argument("--no-stream", action="store_true", help="ask for one whole answer instead of a stream")
-    parser.add_argument("--timeout", type=positive(float), default=60.0, help="seconds per read for --url")
+    parser.add_argument("--timeout", type=positive(float), default=60.0,
+                        help="seconds per read for --url (default: 60)")
     parser.add_argument("prompt", nargs="*", metavar="WORD", help="the prompt (default: stdin)")
     return parser
 
