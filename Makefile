@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-dev synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean
+.PHONY: help install install-dev synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -63,6 +63,12 @@ format: install-dev  ## apply ruff's formatter and import order
 
 e2e: install-dev  ## deploy the smoke environment in a real account, prove every part, tear it down (costs money)
 	$(PY) -m tests.e2e.smoke $(ARGS)
+
+# make falcon-benchmark ENV=dev MODES=dynamic,rolling_paged SHAPES=32x128 ARGS="--keep"; HELP=1 (or ARGS=--help)
+# prints the tool's help: GNU make answers `make falcon-benchmark --help` itself, before reading this file.
+falcon-benchmark: install-dev  ## deploy each Falcon batching mode, load-test it, tear down, compare (costs money; HELP=1)
+	$(PY) -m inference.falcon_benchmark $(if $(HELP),--help,--env $(ENV) $(if $(MODES),--modes $(MODES)) \
+	  $(if $(SHAPES),--shapes $(SHAPES)) $(ARGS))
 
 MODEL ?= artifacts/tiny-model
 serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 like the endpoint

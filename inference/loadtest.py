@@ -6,6 +6,8 @@ region) or any HTTP URL speaking the container contract (`--url http://127.0.0.1
 {"max_new_tokens": N}}` with prompts of about `--input-tokens` tokens, always setting max_new_tokens (LMI's
 default is 30); `--shape 32x128` and `--shape 256x32` are the recipe's two shapes. `--kind sentiment` sends
 `{"inputs": [text, ...]}` batches of `--batch-size` texts; its output unit is labels returned (= texts served).
+`--stream` (llm) asks LMI for its token stream and adds time to first token, inter-token latency and per-client
+tokens/s to the figures (`inference.llm_stream` says what the container sends and how it is timed).
 
 Each step runs a fixed number of concurrent clients (threads, one keep-alive connection each) for `--requests`
 requests in all or for `--duration` seconds, after `--warmup` requests per client that are not measured.
@@ -40,6 +42,14 @@ from urllib.parse import urlsplit
 
 from inference import loadtest_report as reports
 from inference.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
+from inference.llm_stream import (
+    STREAM_ACCEPT,
+    StreamFailed,
+    http_chunks,
+    read_stream,
+    sagemaker_chunks,
+    stream_payload,
+)
 from inference.loadtest_report import Sample
 
 PROG = "python -m inference.loadtest"
@@ -85,12 +95,15 @@ class Outcome:
     ttfb: float | None = None
     error: str | None = None
     detail: str = ""
+    # With streaming: (seconds since sending, bytes) per network read, so the workload can time each token.
+    chunks: list[tuple[float, bytes]] | None = None
 
 
 class Target(Protocol):
     """Something that answers request bodies; `invoke` must never raise, and may be called from many threads."""
 
     ttfb_note: str
+    stream: bool
 
     def describe(self) -> dict: ...
 
@@ -128,7 +141,7 @@ class HttpTarget:
 
     ttfb_note = "time to the first byte of the response body"
 
-    def __init__(self, url: str, timeout: float = 60.0, content_type: str = JSON):
+    def __init__(self, url: str, timeout: float = 60.0, content_type: str = JSON, stream: bool = False):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"--url {url}: expected http://host[:port]/path")
@@ -138,7 +151,8 @@ class HttpTarget:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self._headers = {"Content-Type": content_type, "Accept": JSON}
+        self.stream = stream  # read the body as it arrives (chunked transfer encoding), timing every read
+        self._headers = {"Content-Type": content_type, "Accept": STREAM_ACCEPT if stream else JSON}
         self._local = threading.local()
         self._connections: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -175,9 +189,19 @@ class HttpTarget:
         try:
             connection.request("POST", self.path, body=body, headers=self._headers)
             response = connection.getresponse()
-            first = response.read(1)
-            ttfb = time.perf_counter() - started
-            data = first + response.read()
+            chunks = None
+            if self.stream and 200 <= response.status < 300:
+                chunks = []
+                for chunk in http_chunks(response):
+                    chunks.append((time.perf_counter() - started, chunk))
+                    if chunks[-1][0] > self.timeout:
+                        raise TimeoutError
+                ttfb = chunks[0][0] if chunks else None
+                data = b"".join(chunk for _, chunk in chunks)
+            else:
+                first = response.read(1)
+                ttfb = time.perf_counter() - started
+                data = first + response.read()
             latency = time.perf_counter() - started
         except TimeoutError:
             self._drop()
@@ -195,7 +219,7 @@ class HttpTarget:
                            f"answered after {latency:.1f} s, over the {self.timeout} s limit")
         kind = status_kind(response.status)
         detail = "" if kind is None else _one_line(f"HTTP {response.status}: {data.decode('utf-8', 'replace')}")
-        return Outcome(latency, response.status, data, ttfb, kind, detail)
+        return Outcome(latency, response.status, data, ttfb, kind, detail, chunks)
 
     def close(self) -> None:
         """Close every client's connection; called between steps so each step starts from fresh connections."""
@@ -227,6 +251,8 @@ def classify_client_error(error) -> tuple[str, str]:
         return "5xx", detail  # code 0: the container gave no answer at all
     if code in ("ValidationError", "ValidationException"):
         return "4xx", detail
+    if code in ("ModelStreamError", "InternalStreamFailure"):  # raised while reading a response stream
+        return "5xx", detail
     status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
     if isinstance(status, int):
         return status_kind(status) or "other", detail
@@ -236,16 +262,18 @@ def classify_client_error(error) -> tuple[str, str]:
 class SageMakerTarget:
     """`invoke_endpoint` on a SageMaker real-time endpoint, without retries so throttling shows up as such.
 
-    invoke_endpoint returns the whole body at once, so time to first byte is not measurable here and is
-    reported as n/a (streaming with invoke_endpoint_with_response_stream changes the response format).
+    invoke_endpoint returns the whole body at once, so time to first byte is not measurable there and is
+    reported as n/a. With `stream=True` it calls invoke_endpoint_with_response_stream instead and times every
+    PayloadPart event as it arrives (the request then asks LMI for its JSON-lines token stream).
     """
 
-    ttfb_note = "n/a for SageMaker invoke_endpoint (the whole body arrives at once)"
-
     def __init__(self, endpoint: str, region: str | None = None, timeout: float = 60.0, client=None,
-                 max_connections: int = 10):
+                 max_connections: int = 10, stream: bool = False):
         self.endpoint = endpoint
         self.timeout = timeout
+        self.stream = stream
+        self.ttfb_note = ("time to the first PayloadPart event of the response stream" if stream else
+                          "n/a for SageMaker invoke_endpoint (the whole body arrives at once)")
         self.client = client or self._make_client(region, timeout, max_connections)
         self.region = self.client.meta.region_name
 
@@ -286,10 +314,21 @@ class SageMakerTarget:
         )
 
         started = time.perf_counter()
+        chunks = None
         try:
-            response = self.client.invoke_endpoint(EndpointName=self.endpoint, Body=body, ContentType=JSON,
-                                                   Accept=JSON)
-            data = response["Body"].read()
+            if self.stream:
+                response = self.client.invoke_endpoint_with_response_stream(
+                    EndpointName=self.endpoint, Body=body, ContentType=JSON, Accept=STREAM_ACCEPT)
+                chunks = []
+                for chunk in sagemaker_chunks(response["Body"]):
+                    chunks.append((time.perf_counter() - started, chunk))
+                data = b"".join(chunk for _, chunk in chunks)
+            else:
+                response = self.client.invoke_endpoint(EndpointName=self.endpoint, Body=body, ContentType=JSON,
+                                                       Accept=JSON)
+                data = response["Body"].read()
+        except StreamFailed as error:
+            return Outcome(time.perf_counter() - started, error=error.kind, detail=_one_line(str(error)))
         except ClientError as error:
             kind, detail = classify_client_error(error)
             return Outcome(time.perf_counter() - started, error=kind, detail=detail)
@@ -300,7 +339,7 @@ class SageMakerTarget:
         except (BotoCoreError, OSError) as error:
             return Outcome(time.perf_counter() - started, error="other",
                            detail=_one_line(f"{type(error).__name__}: {error}"))
-        return Outcome(time.perf_counter() - started, 200, data)
+        return Outcome(time.perf_counter() - started, 200, data, chunks[0][0] if chunks else None, chunks=chunks)
 
     def close(self) -> None:
         pass  # the client's pool is shared by all steps
@@ -374,6 +413,9 @@ class Workload:
         try:
             answer = json.loads(body)
         except ValueError:
+            lines = read_stream([(0.0, body)])  # JSON lines (LMI 0.23 with option.output_formatter=jsonlines)
+            if self.kind == "llm" and lines.streamed and not lines.error:
+                return 0, [lines.text], None
             return 0, [], f"response is not JSON: {_one_line(body.decode('utf-8', 'replace'), 80)}"
         if self.kind == "sentiment":
             if not isinstance(answer, list):
@@ -387,6 +429,22 @@ class Workload:
         texts = [text[len(payload.prompt):] if payload.prompt and text.startswith(payload.prompt) else text
                  for text in texts]
         return 0, texts, None
+
+    def read_stream(self, payload: Payload, outcome: Outcome, sample: Sample) -> tuple[list[str], str | None]:
+        """Fill `sample` from a streamed answer: tokens counted as the server sent them, TTFT and gaps.
+
+        Falls back to `read` when the server sent one whole JSON answer instead of token lines (no streaming
+        support, e.g. dynamic batching): the sample then has no TTFT and its text is counted later.
+        """
+        tokens = read_stream(outcome.chunks or [])
+        if tokens.error:  # the server failed after answering 200: a server error, whatever it streamed before
+            sample.error, sample.detail = "5xx", f"error in the stream: {_one_line(tokens.error, 120)}"
+            return [], None
+        if not tokens.streamed:
+            sample.output, texts, problem = self.read(payload, outcome.body)
+            return texts, problem
+        sample.output, sample.ttft, sample.itl = len(tokens.texts), tokens.ttft, tokens.itl
+        return [], None
 
 
 def sample_texts() -> list[str]:
@@ -403,11 +461,11 @@ def sample_texts() -> list[str]:
     return texts or list(FALLBACK_TEXTS)
 
 
-def llm_workload(input_tokens: int, output_tokens: int, counter) -> Workload:
+def llm_workload(input_tokens: int, output_tokens: int, counter, stream: bool = False) -> Workload:
     payloads = []
     for variant in range(PROMPT_VARIANTS):
         prompt = make_prompt(input_tokens, counter, offset=variant * 7)
-        body = json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": output_tokens}}).encode()
+        body = json.dumps(stream_payload(prompt, output_tokens, stream)).encode()
         payloads.append(Payload(body, prompt))
     measured = [counter(payload.prompt) for payload in payloads]
     shape = {"input_tokens": input_tokens, "output_tokens": output_tokens,
@@ -439,7 +497,11 @@ def _request(target: Target, workload: Workload, payload: Payload) -> _Record:
         outcome = target.invoke(payload.body)
         sample = Sample(outcome.latency, outcome.error, outcome.ttfb, 0, outcome.detail)
         texts: list[str] = []
-        if outcome.error is None:
+        if outcome.error is None and outcome.chunks is not None and workload.kind == "llm":
+            texts, problem = workload.read_stream(payload, outcome, sample)
+            if problem:
+                sample.error, sample.detail = "other", problem
+        elif outcome.error is None:
             sample.output, texts, problem = workload.read(payload, outcome.body)
             if problem:
                 sample.error, sample.detail = "other", problem
@@ -549,6 +611,7 @@ class RunSettings:
 def run(target: Target, workload: Workload, settings: RunSettings, token_counter: str,
         stop: threading.Event | None = None) -> dict:
     """Every step of the sweep, in order; returns the report (steps and run metadata)."""
+    streamed = workload.kind == "llm" and bool(getattr(target, "stream", False))
     report = {
         "tool": "inference.loadtest",
         "version": reports.REPORT_VERSION,
@@ -556,8 +619,11 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         "target": target.describe(),
         "kind": workload.kind,
         "shape": workload.shape,
-        "unit": "labels" if workload.kind == "sentiment" else workload.counter.unit,
-        "token_counter": "labels returned" if workload.kind == "sentiment" else token_counter,
+        "unit": "labels" if workload.kind == "sentiment" else "tokens" if streamed else workload.counter.unit,
+        "token_counter": "labels returned" if workload.kind == "sentiment" else
+        f"tokens as streamed, one per token line (answers that came whole: {token_counter})" if streamed else
+        token_counter,
+        "stream": streamed,
         "ttfb_note": target.ttfb_note,
         "timeout_s": getattr(target, "timeout", None),
         "warmup_per_client": settings.warmup,
@@ -633,6 +699,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-tokens", type=positive_int,
                         help="llm max_new_tokens, always sent (overrides --shape)")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="sentiment texts per request")
+    parser.add_argument("--stream", action="store_true",
+                        help="llm: ask LMI for its token stream (\"stream\": true; SageMaker "
+                             "InvokeEndpointWithResponseStream, chunked HTTP for --url) and report time to first "
+                             "token and inter-token latency; needs rolling batch in the container")
     parser.add_argument("--tokenizer", metavar="DIR",
                         help="count tokens with this Hugging Face tokenizer (default: whitespace words)")
     parser.add_argument("--concurrency", type=positive_int_list, default=[1], metavar="N[,N...]",
@@ -663,6 +733,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         return
     if args.kind == "sentiment" and (args.shape or args.input_tokens or args.output_tokens):
         parser.error("--shape, --input-tokens and --output-tokens apply to --kind llm")
+    if args.kind == "sentiment" and args.stream:
+        parser.error("--stream applies to --kind llm")
     if args.kind == "sentiment" and args.tokenizer:
         parser.error("--tokenizer applies to --kind llm; sentiment output is counted in labels")
     if args.region and not args.endpoint:
@@ -717,15 +789,15 @@ def main(argv: list[str] | None = None, target: Target | None = None) -> int:
         return EXIT_USAGE
     if args.kind == "llm":
         inputs, outputs = args.shape or SHAPES["32x128"]
-        workload = llm_workload(args.input_tokens or inputs, args.output_tokens or outputs, counter)
+        workload = llm_workload(args.input_tokens or inputs, args.output_tokens or outputs, counter, args.stream)
     else:
         workload = sentiment_workload(args.batch_size)
 
     try:
         if target is None:
-            target = (HttpTarget(args.url, args.timeout) if args.url else
+            target = (HttpTarget(args.url, args.timeout, stream=args.stream) if args.url else
                       SageMakerTarget(args.endpoint, args.region, args.timeout,
-                                      max_connections=max(args.concurrency)))
+                                      max_connections=max(args.concurrency), stream=args.stream))
         target.probe()
     except ValueError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

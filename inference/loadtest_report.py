@@ -11,6 +11,11 @@ Definitions (the same for every target):
 - `requests_per_s` = ok / wall time; `output_per_s` = output units of the successful requests / wall time.
   The unit is tokens (or whitespace words) for `--kind llm`, labels returned for `--kind sentiment`.
 - Latency and time to first byte are over successful requests only, so fast failures do not flatter them.
+- Streamed answers (`--stream`) add, over successful streamed requests: `ttft_s`, time to first token (sending
+  to the first token line); `itl_s`, inter-token latency, every gap between consecutive tokens of one request,
+  pooled over the step's requests; their output is the number of token lines the server sent (exact tokens).
+- `client_output_per_s`: per successful request, its output / its latency, the rate one user sees;
+  `output_per_s` is the rate of all clients together.
 - Percentiles use linear interpolation between closest ranks, numpy's default method ("linear", Hyndman and
   Fan type 7): the q-th percentile of sorted x[0..n-1] sits at rank h = (n - 1) q / 100.
 """
@@ -22,7 +27,7 @@ import io
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ERROR_KINDS = ("throttled", "4xx", "5xx", "timeout", "connection", "other")
@@ -39,6 +44,8 @@ class Sample:
     ttfb: float | None = None
     output: int = 0
     detail: str = ""
+    ttft: float | None = None  # time to first token of a streamed answer
+    itl: list[float] = field(default_factory=list)  # gaps between its consecutive tokens
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -80,6 +87,9 @@ def summarize(samples: Sequence[Sample], wall_s: float, concurrency: int,
             examples.setdefault(kind, sample.detail)
     output = sum(sample.output for sample in ok)
     ttfbs = [sample.ttfb for sample in ok if sample.ttfb is not None]
+    ttfts = [sample.ttft for sample in ok if sample.ttft is not None]
+    gaps = [gap for sample in ok for gap in sample.itl]
+    client_rates = [sample.output / sample.latency for sample in ok if sample.latency > 0]
     return {
         "concurrency": concurrency,
         "requests": len(samples),
@@ -94,6 +104,10 @@ def summarize(samples: Sequence[Sample], wall_s: float, concurrency: int,
         "output_per_s": output / wall_s if wall_s > 0 else None,
         "latency_s": distribution([sample.latency for sample in ok]),
         "ttfb_s": distribution(ttfbs),
+        "ttft_s": distribution(ttfts),
+        "itl_s": distribution(gaps),
+        "client_output_per_s": distribution(client_rates),
+        "streamed_requests": len(ttfts),
         "warmup_requests": len(warmup),
         "warmup_errors": sum(1 for sample in warmup if sample.error is not None),
     }
@@ -132,16 +146,25 @@ def rate_header(report: dict) -> str:
 
 def format_table(report: dict) -> str:
     """The console table: one aligned row per step, then where the numbers come from."""
-    headers = ["clients", "requests", "errors", "err %", "req/s", rate_header(report),
-               "p50 s", "p90 s", "p99 s", "mean s", "ttfb p50 s", "ttfb p90 s", "errors by kind"]
+    streamed = report.get("stream", False)
+    first = ["ttft p50 s", "ttft p90 s", "itl p50 ms", "itl p90 ms", "itl p99 ms"] if streamed else \
+        ["ttfb p50 s", "ttfb p90 s"]
+    headers = ["clients", "requests", "errors", "err %", "req/s", rate_header(report), f"{rate_header(report)}/client",
+               "p50 s", "p90 s", "p99 s", "mean s", *first, "errors by kind"]
     rows = []
     for step in report["steps"]:
+        if streamed:
+            timing = [_number(_stat(step, "ttft_s", "p50")), _number(_stat(step, "ttft_s", "p90")),
+                      *(_number(_milli(_stat(step, "itl_s", q)), 1) for q in ("p50", "p90", "p99"))]
+        else:
+            timing = [_number(_stat(step, "ttfb_s", "p50")), _number(_stat(step, "ttfb_s", "p90"))]
         rows.append([
             str(step["concurrency"]), str(step["requests"]), str(step["error_count"]),
             f"{100 * step['error_rate']:.1f}", _number(step["requests_per_s"], 2), _number(step["output_per_s"], 1),
+            _number(_stat(step, "client_output_per_s", "p50"), 1),
             _number(_stat(step, "latency_s", "p50")), _number(_stat(step, "latency_s", "p90")),
             _number(_stat(step, "latency_s", "p99")), _number(_stat(step, "latency_s", "mean")),
-            _number(_stat(step, "ttfb_s", "p50")), _number(_stat(step, "ttfb_s", "p90")), _errors_text(step),
+            *timing, _errors_text(step),
         ])
     widths = [max(len(header), *(len(row[i]) for row in rows)) if rows else len(header)
               for i, header in enumerate(headers)]
@@ -155,13 +178,23 @@ def format_table(report: dict) -> str:
            line(headers), line(["-" * width for width in widths])]
     out += [line(row) for row in rows]
     out.append(f"output counted as {report['token_counter']}; latency and TTFB over successful requests; "
-               f"ttfb: {report.get('ttfb_note', 'time to the first response byte')}")
+               f"ttfb: {report.get('ttfb_note', 'time to the first response byte')}; "
+               "/client: median of each request's output / latency")
+    if streamed:
+        out.append("streamed: ttft = time to first token; itl = gaps between consecutive tokens of a request (ms)")
+        unstreamed = sum(step["ok"] - step.get("streamed_requests", 0) for step in report["steps"])
+        if unstreamed:
+            out.append(f"{unstreamed} successful answers came whole, not as a token stream (no TTFT for them)")
     examples: dict[str, str] = {}
     for step in report["steps"]:
         for kind, detail in step.get("error_examples", {}).items():
             examples.setdefault(kind, detail)
     out += [f"first {kind} error: {examples[kind]}" for kind in ERROR_KINDS if kind in examples]
     return "\n".join(out)
+
+
+def _milli(value: float | None) -> float | None:
+    return None if value is None else 1000 * value
 
 
 def _shape_text(report: dict) -> str:
@@ -181,7 +214,9 @@ def _target_text(report: dict) -> str:
 CSV_FIELDS = ("label", "kind", "concurrency", "requests", "ok", "error_count", "error_rate",
               *(f"errors_{kind}" for kind in ERROR_KINDS), "wall_s", "requests_per_s", "output_total",
               "output_per_s", "unit", "latency_p50_s", "latency_p90_s", "latency_p99_s", "latency_mean_s",
-              "ttfb_p50_s", "ttfb_p90_s", "ttfb_p99_s", "warmup_requests", "warmup_errors")
+              "ttfb_p50_s", "ttfb_p90_s", "ttfb_p99_s", "warmup_requests", "warmup_errors",
+              "streamed_requests", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_s", "itl_p90_s", "itl_p99_s",
+              "client_output_per_s_p50", "client_output_per_s_mean")
 
 
 def to_csv(report: dict) -> str:
@@ -194,10 +229,15 @@ def to_csv(report: dict) -> str:
                                           "requests_per_s", "output_total", "output_per_s", "warmup_requests",
                                           "warmup_errors")}
         row.update({f"errors_{kind}": step["errors"].get(kind, 0) for kind in ERROR_KINDS})
-        for field in ("p50", "p90", "p99", "mean"):
-            row[f"latency_{field}_s"] = _stat(step, "latency_s", field)
-        for field in ("p50", "p90", "p99"):
-            row[f"ttfb_{field}_s"] = _stat(step, "ttfb_s", field)
+        for stat in ("p50", "p90", "p99", "mean"):
+            row[f"latency_{stat}_s"] = _stat(step, "latency_s", stat)
+        for stat in ("p50", "p90", "p99"):
+            row[f"ttfb_{stat}_s"] = _stat(step, "ttfb_s", stat)
+            row[f"ttft_{stat}_s"] = _stat(step, "ttft_s", stat)
+            row[f"itl_{stat}_s"] = _stat(step, "itl_s", stat)
+        row["streamed_requests"] = step.get("streamed_requests", 0)
+        row["client_output_per_s_p50"] = _stat(step, "client_output_per_s", "p50")
+        row["client_output_per_s_mean"] = _stat(step, "client_output_per_s", "mean")
         row.update(label=report.get("label"), kind=report["kind"], unit=report.get("unit"))
         writer.writerow({key: "" if value is None else value for key, value in row.items()})
     return buffer.getvalue()
@@ -232,17 +272,24 @@ def draw(reports: Sequence[dict], path: Path) -> Path:
 
     units = {report.get("unit", "output") for report in reports}
     unit = units.pop() if len(units) == 1 else "output units"
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True)
+    streamed = any(step.get("ttft_s") for report in reports for step in report["steps"])
+    panels = [("Throughput", f"{unit} per second", lambda step: step["output_per_s"]),
+              ("p90 latency", "seconds", lambda step: _stat(step, "latency_s", "p90"))]
+    if streamed:  # the figures LLM users judge by, next to the recipe's two
+        panels += [("p90 time to first token", "seconds", lambda step: _stat(step, "ttft_s", "p90")),
+                   ("p90 inter-token latency", "milliseconds", lambda step: _milli(_stat(step, "itl_s", "p90")))]
+    rows = 2 if streamed else 1
+    figure, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), constrained_layout=True, squeeze=False)
+    axes = [axis for row in axes for axis in row]
     concurrencies: set[int] = set()
     for index, report in enumerate(reports):
         label = report.get("label") or f"run {index + 1}"
         steps = sorted(report["steps"], key=lambda step: step["concurrency"])
         xs = [step["concurrency"] for step in steps]
         concurrencies.update(xs)
-        left.plot(xs, [_nan(step["output_per_s"]) for step in steps], marker="o", label=label)
-        right.plot(xs, [_nan(_stat(step, "latency_s", "p90")) for step in steps], marker="o", label=label)
-    for axis, title, ylabel in ((left, "Throughput", f"{unit} per second"),
-                                (right, "p90 latency", "seconds")):
+        for axis, (_title, _ylabel, value) in zip(axes, panels, strict=True):
+            axis.plot(xs, [_nan(value(step)) for step in steps], marker="o", label=label)
+    for axis, (title, ylabel, _value) in zip(axes, panels, strict=True):
         axis.set_title(title)
         axis.set_xlabel("concurrent clients")
         axis.set_ylabel(ylabel)
