@@ -313,8 +313,9 @@ def test_help_documents_the_run_both_ways():
 ])
 def test_make_target_passes_its_variables(variables, expected):
     root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(["make", "-n", "falcon-benchmark", *variables], cwd=root, capture_output=True, text=True,
-                          timeout=60, check=False)
+    # Under `make test` the child make inherits MAKELEVEL and would print "Entering/Leaving directory" lines.
+    done = subprocess.run(["make", "--no-print-directory", "-n", "falcon-benchmark", *variables], cwd=root,
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and expected in " ".join(done.stdout.splitlines()[-1].split())
 
 
