@@ -87,14 +87,16 @@ class SageMakerTrainingStack(EnvironmentStack):
             role_arn=self.pipeline_role.role_arn,
             pipeline_definition={"PipelineDefinitionBody": cdk.Stack.of(self).to_json_string(self.definition)},
         )
-        self.pipeline.node.add_dependency(self.pipeline_role)
 
         self._grant_training(artifacts, repository_arn, [code, handler])
         self._grant_pipeline(group, name)
+        # Created and deleted while the pipeline's permissions are attached.
+        self.pipeline.node.add_dependency(self.pipeline_role.node.find_child("DefaultPolicy"))
 
         cdk.CfnOutput(self, "PipelineName", value=name, description="Start a run: make train ENV=" + settings.name)
-        cdk.CfnOutput(self, "RunPrefix", value=f"s3://{bucket.bucket_name}/{RUN_PREFIX}/",
-                      description="<execution id>/checkpoints/ (and metrics.json) and jobs/<job>/output/model.tar.gz")
+        cdk.CfnOutput(self, "RunPrefix", value=f"{RUN_PREFIX}/",
+                      description="Key prefix in the artifact bucket: <execution id>/checkpoints/ (with metrics.json) "
+                                  "and jobs/<job>/output/model.tar.gz")
         cdk.CfnOutput(self, "ModelPackageGroupName", value=group, description="Where passing models are registered")
 
     def _arn(self, resource: str) -> str:

@@ -350,3 +350,13 @@ def test_backends_are_exclusive(synthesized):
     assert sorted(name for name in sagemaker_names if name.endswith("training")) == [
         "mlrecipes-dev-sagemaker-training"]  # no EC2 training stack
     assert not any(name.endswith("-sagemaker-training") for name in synthesized("prod-training").templates)
+
+
+def test_template_passes_cfn_lint_without_a_warning(synthesized):
+    import subprocess
+    import sys
+
+    template = synthesized("dev-sagemaker").outdir / "mlrecipes-dev-sagemaker-training.template.json"
+    runner = "import sys; from cfnlint.runner import main; sys.exit(main())"
+    result = subprocess.run([sys.executable, "-c", runner, str(template)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
