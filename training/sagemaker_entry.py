@@ -47,6 +47,15 @@ DEFAULT_CHECKPOINTS = "/opt/ml/checkpoints"
 METRICS_FILE = "metrics.json"
 
 
+# Instance types whose EFA the training toolkit's torchrun driver turns on (FI_PROVIDER=efa), and those that also
+# get RDMA (FI_EFA_USE_DEVICE_RDMA=1): aws/sagemaker-training-toolkit src/sagemaker_training/__init__.py
+# SM_EFA_NCCL_INSTANCES / SM_EFA_RDMA_INSTANCES, applied in torch_distributed.py. This job runs its own
+# entrypoint, so it sets them the same way.
+EFA_INSTANCES = ("ml.g4dn.8xlarge", "ml.g4dn.12xlarge", "ml.g5.48xlarge", "ml.p3dn.24xlarge", "ml.p4d.24xlarge",
+                 "ml.p4de.24xlarge", "ml.p5.48xlarge", "ml.trn1.32xlarge")
+EFA_RDMA_INSTANCES = ("ml.p4d.24xlarge", "ml.p4de.24xlarge", "ml.trn1.32xlarge")
+
+
 class SetupError(ValueError):
     """The environment or the arguments cannot start a run; one line for the job's FailureReason."""
 
@@ -58,6 +67,8 @@ class Cluster:
     master_addr: str
     master_port: int
     gpus_per_host: int
+    instance_type: str = ""
+    network_interface: str = ""
 
     @property
     def node_rank(self) -> int:
@@ -66,6 +77,17 @@ class Cluster:
     @property
     def is_main_node(self) -> bool:
         return self.node_rank == 0
+
+    def launch_environment(self) -> dict[str, str]:
+        """NCCL and EFA variables for torchrun's processes, as SageMaker's own torchrun driver sets them."""
+        env = {}
+        if self.instance_type in EFA_INSTANCES:
+            env["FI_PROVIDER"] = "efa"
+        if self.instance_type in EFA_RDMA_INSTANCES:
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+        if self.network_interface:
+            env["NCCL_SOCKET_IFNAME"] = self.network_interface
+        return env
 
 
 def read_cluster(environ: dict[str, str] | None = None, resource_config: Path = RESOURCE_CONFIG) -> Cluster:
@@ -77,9 +99,11 @@ def read_cluster(environ: dict[str, str] | None = None, resource_config: Path = 
         except ValueError as error:
             raise SetupError(f"SM_HOSTS={env['SM_HOSTS']!r} is not a JSON list of host names") from error
         current = env.get("SM_CURRENT_HOST", "")
+        instance_type, interface = env.get("SM_CURRENT_INSTANCE_TYPE", ""), env.get("SM_NETWORK_INTERFACE_NAME", "")
     elif resource_config.is_file():
         config = json.loads(resource_config.read_text())
         hosts, current = config.get("hosts", []), config.get("current_host", "")
+        instance_type, interface = config.get("current_instance_type", ""), config.get("network_interface_name", "")
     else:
         raise SetupError(f"no SM_HOSTS and no {resource_config}: not inside a SageMaker training job")
     if not isinstance(hosts, list) or not hosts or not all(isinstance(h, str) and h for h in hosts):
@@ -94,6 +118,8 @@ def read_cluster(environ: dict[str, str] | None = None, resource_config: Path = 
         master_addr=env.get("MASTER_ADDR", hosts[0]),
         master_port=int(env.get("MASTER_PORT", DEFAULT_PORT)),
         gpus_per_host=_gpus(env),
+        instance_type=instance_type,
+        network_interface=interface,
     )
 
 
@@ -231,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     print(f"node {cluster.node_rank} of {len(cluster.hosts)} ({cluster.current_host}): {' '.join(command)}",
           flush=True)
-    status = subprocess.run(command, cwd=ROOT, check=False).returncode
+    status = subprocess.run(command, cwd=ROOT, env={**os.environ, **cluster.launch_environment()},
+                            check=False).returncode
     if status != 0:
         return _fail(args.output_dir, f"torchrun on {cluster.current_host} exited with status {status}; "
                      "the lines above say why", status)

@@ -148,11 +148,16 @@ def test_cluster_from_variables_orders_hosts_and_finds_the_rank():
     assert cluster.node_rank == 1 and not cluster.is_main_node
 
 
-def test_cluster_from_resourceconfig(tmp_path):
+def test_cluster_from_resourceconfig_turns_on_efa_like_sagemakers_driver(tmp_path):
     config = tmp_path / "resourceconfig.json"
-    config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1", "algo-2", "algo-3"]}))
+    config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1", "algo-2", "algo-3"],
+                                  "current_instance_type": "ml.p4d.24xlarge", "network_interface_name": "eth0"}))
     cluster = sagemaker_entry.read_cluster({"SM_NUM_GPUS": "8"}, resource_config=config)
     assert (cluster.node_rank, len(cluster.hosts), cluster.master_addr) == (0, 3, "algo-1")
+    assert cluster.launch_environment() == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1",
+                                            "NCCL_SOCKET_IFNAME": "eth0"}
+    g5 = Cluster(("algo-1",), "algo-1", "algo-1", 29500, 1, "ml.g5.2xlarge", "eth0")
+    assert g5.launch_environment() == {"NCCL_SOCKET_IFNAME": "eth0"}
 
 
 @pytest.mark.parametrize(("environ", "message"), [
