@@ -111,8 +111,8 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         "EnableInterContainerTrafficEncryption": True,
         # Always synced, so a spot interruption or a retried execution resumes; metrics.json lands here too.
         "CheckpointConfig": {"S3Uri": run_uri(resources, "checkpoints/"), "LocalPath": CHECKPOINT_LOCAL_PATH},
-        "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-                        "HF_HOME": "/opt/ml/input/huggingface"},
+        # Unbuffered, so the metric lines reach the log (and the MetricDefinitions) as they are printed.
+        "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"},
     }
     if config.spot:
         request["EnableManagedSpotTraining"] = True
