@@ -154,8 +154,8 @@ def torchrun_command(cluster: Cluster, train_args: list[str], *, model_dir: Path
     """torchrun for this node: one process per GPU (one on a CPU-only host), static rendezvous on host 0."""
     args = list(train_args)
     for channel, flag in CHANNELS.items():
-        found = channel_file(channel, environ, input_data)
-        if found is not None and flag not in args:
+        found = None if flag in args else channel_file(channel, environ, input_data)
+        if found is not None:
             args += [flag, str(found)]
     if "--resume-from-checkpoint" not in args and has_checkpoint(checkpoint_dir):
         args += ["--resume-from-checkpoint", "last"]
