@@ -70,6 +70,11 @@ falcon-benchmark: install-dev  ## deploy each Falcon batching mode, load-test it
 	$(PY) -m inference.falcon_benchmark $(if $(HELP),--help,--env $(ENV) $(if $(MODES),--modes $(MODES)) \
 	  $(if $(SHAPES),--shapes $(SHAPES)) $(ARGS))
 
+# make train ENV=dev; ARGS="--attach <execution ARN>" follows a running one; HELP=1 (or ARGS=--help) prints the help.
+.PHONY: train
+train: install-dev  ## start ENV's SageMaker training pipeline (training.backend=sagemaker) and follow it (costs money; HELP=1)
+	$(PY) -m training.pipeline_cli $(if $(HELP),--help,--env $(ENV) $(ARGS))
+
 MODEL ?= artifacts/tiny-model
 serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 like the endpoint
 	$(PY) -m inference.serve --model-dir $(MODEL) --port 8080

@@ -29,10 +29,16 @@ def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks
     stacks = EnvironmentStacks(artifacts=artifacts, network=network)
     stacks.optional["operations"] = OperationsStack(scope, settings=settings, artifacts=artifacts)
     # Workload stacks are imported only when enabled, so a disabled one costs nothing at synth.
-    if settings.training.enabled:
+    if settings.training.enabled and settings.training.backend == "ec2":
         from stacks.training import TrainingStack
 
         stacks.optional["training"] = TrainingStack(
+            scope, settings=settings, vpc=network.vpc, artifacts=artifacts)
+    # The SageMaker backend's pipeline costs nothing until `make train` starts an execution, so it needs no switch.
+    if settings.training.backend == "sagemaker":
+        from stacks.sagemaker_pipeline import SageMakerTrainingStack
+
+        stacks.optional["sagemaker_training"] = SageMakerTrainingStack(
             scope, settings=settings, vpc=network.vpc, artifacts=artifacts)
     if settings.sentiment.enabled:
         from stacks.sentiment import SentimentStack

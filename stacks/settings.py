@@ -123,6 +123,41 @@ class TrainingSettings:
     # A slice of the data for cheap runs (the smoke environment); None trains on everything.
     max_train_samples: int | None = setting(None, minimum=1, maximum=10_000_000)
     max_eval_samples: int | None = setting(None, minimum=1, maximum=10_000_000)
+    # Where the run happens: `ec2` is the recipe's one self-terminating instance (training.enabled starts it);
+    # `sagemaker` synthesizes a SageMaker Pipeline per environment (it costs nothing until `make train`).
+    backend: str = setting("ec2", choices=("ec2", "sagemaker"))
+    # SageMaker backend: ml.<instance_type> x instance_count, torchrun across every GPU of every instance.
+    instance_count: int = setting(1, minimum=1, maximum=64)
+    spot: bool = False
+    # Managed spot: how long SageMaker may wait for capacity, counted with the runtime (at least max_hours).
+    spot_max_wait_hours: int | None = setting(None, minimum=1, maximum=72)
+    # The pipeline registers the model only when validation macro recall reaches this.
+    min_macro_recall: float = setting(0.6, minimum=0.0, maximum=1.0)
+    sagemaker_image_tag: str = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker", pattern=r"^[A-Za-z0-9._-]+$",
+                                       describe="a pytorch-training image tag ending in -sagemaker")
+
+    def __post_init__(self) -> None:
+        if self.backend == "ec2" and self.instance_count != 1:
+            raise SettingsError("training.instance_count", self.instance_count,
+                                "1 with training.backend=ec2 (multi-node needs training.backend=sagemaker)")
+        if self.backend == "ec2" and self.spot:
+            raise SettingsError("training.spot", self.spot, "false with training.backend=ec2 (managed spot "
+                                "needs training.backend=sagemaker)")
+        if self.spot_max_wait_hours is not None and self.spot_max_wait_hours < self.max_hours:
+            raise SettingsError("training.spot_max_wait_hours", self.spot_max_wait_hours,
+                                f"at least training.max_hours ({self.max_hours}), or unset")
+        if self.backend == "sagemaker" and not self.sagemaker_image_tag.endswith("-sagemaker"):
+            raise SettingsError("training.sagemaker_image_tag", self.sagemaker_image_tag,
+                                "a pytorch-training tag ending in -sagemaker (the -ec2 images are for EC2)")
+
+    @property
+    def sagemaker_instance_type(self) -> str:
+        return f"ml.{self.instance_type}"
+
+    @property
+    def spot_wait_hours(self) -> int:
+        """MaxWaitTimeInSeconds in hours: the setting, or twice the runtime limit (72 h at most)."""
+        return self.spot_max_wait_hours or min(2 * self.max_hours, 72)
 
 
 @dataclass(frozen=True)

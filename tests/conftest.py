@@ -34,6 +34,9 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true",
                                  "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
     "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
+    # The done-when of issue 16: two spot instances from a SageMaker Pipeline.
+    "dev-sagemaker": ("dev", {"training.backend": "sagemaker", "training.instance_count": "2",
+                              "training.spot": "true"}),
 }
 
 

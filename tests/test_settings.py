@@ -138,3 +138,33 @@ def test_shared_values_apply_to_every_environment_before_its_own():
     assert load_settings("dev", environments=environments, shared=shared).pipeline.branch == "trunk"
     prod = load_settings("prod", environments=environments, shared=shared).pipeline
     assert (prod.branch, prod.repository) == ("release", "acme/ml")
+
+
+def test_training_backend_defaults_to_the_ec2_recipe():
+    config = settings_from_context({}).training
+    assert (config.backend, config.instance_count, config.spot) == ("ec2", 1, False)
+
+
+def test_sagemaker_backend_settings_and_derived_values():
+    config = settings_from_context({"training.backend": "sagemaker", "training.instance_count": "2",
+                                    "training.spot": "true", "training.max_hours": "5"}).training
+    assert config.sagemaker_instance_type == "ml.p4d.24xlarge"
+    assert config.spot_wait_hours == 10
+    assert settings_from_context({"training.backend": "sagemaker", "training.max_hours": "50"}
+                                 ).training.spot_wait_hours == 72
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"training.backend": "batch"}, "invalid setting training.backend='batch': expected one of ec2, sagemaker"),
+    ({"training.instance_count": "2"}, "training.instance_count=2: expected 1 with training.backend=ec2"),
+    ({"training.spot": "true"}, "training.spot=true: expected false with training.backend=ec2"),
+    ({"training.backend": "sagemaker", "training.spot_max_wait_hours": "2"},
+     "training.spot_max_wait_hours=2: expected at least training.max_hours (6)"),
+    ({"training.backend": "sagemaker", "training.sagemaker_image_tag": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"},
+     "expected a pytorch-training tag ending in -sagemaker"),
+    ({"training.min_macro_recall": "1.5"}, "training.min_macro_recall='1.5': expected a value from 0 to 1"),
+])
+def test_sagemaker_backend_refuses_inconsistent_settings(overrides, message):
+    with pytest.raises(SettingsError) as error:
+        settings_from_context(overrides)
+    assert message in str(error.value)
