@@ -34,6 +34,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true",
                                  "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
     "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
+    "prod-training-reserved": ("prod", {"training.enabled": "true", "account": "123456789012", "region": "us-west-2",
+                                        "network.availability_zones": "us-west-2a,us-west-2b",
+                                        "training.availability_zone": "us-west-2b",
+                                        "training.capacity_reservation_id": "cr-0123456789abcdef0"}),
 }
 
 
