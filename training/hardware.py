@@ -93,37 +93,42 @@ def optimizer_name(speed: Plan) -> str:
     return "adamw_torch_fused" if speed.fused_adamw else "adamw_torch"
 
 
-def matmul_tf32() -> bool:
+def matmul_tf32(backends=None) -> bool:
     """Whether CUDA float32 matmuls run as TF32, read through the API that set it.
 
     transformers 5 turns TF32 on with `torch.backends.fp32_precision = "tf32"` on torch >= 2.9
     (`transformers/utils/import_utils.py`, `enable_tf32`). Once the new API is used, reading the legacy
     `torch.backends.cuda.matmul.allow_tf32` raises "mix of the legacy and new APIs", so it is read only
     on a torch that lacks the new one. The backend value resolves the global one (and a legacy write).
+    `backends` is `torch.backends` unless a test passes a stand-in for an older torch.
     """
-    import torch
+    if backends is None:
+        import torch
 
-    matmul = torch.backends.cuda.matmul
+        backends = torch.backends
+    matmul = backends.cuda.matmul
     precision = getattr(matmul, "fp32_precision", None)
     if precision is None:  # torch < 2.9
         return bool(matmul.allow_tf32)
     if precision == "none":
-        precision = getattr(torch.backends, "fp32_precision", "none")
+        precision = getattr(backends, "fp32_precision", "none")
     return precision == "tf32"
 
 
-def set_tf32(enabled: bool) -> None:
+def set_tf32(enabled: bool, backends=None) -> None:
     """Turn TF32 matmuls and convolutions on or off the way transformers does (never mixing the two APIs).
 
     Only the global switch, which every backend without a setting of its own follows, as `enable_tf32` does.
     """
-    import torch
+    if backends is None:
+        import torch
 
-    if hasattr(torch.backends, "fp32_precision"):
-        torch.backends.fp32_precision = "tf32" if enabled else "ieee"
+        backends = torch.backends
+    if hasattr(backends, "fp32_precision"):
+        backends.fp32_precision = "tf32" if enabled else "ieee"
     else:  # torch < 2.9
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+        backends.cuda.matmul.allow_tf32 = enabled
+        backends.cudnn.allow_tf32 = enabled
 
 
 def report(device: str) -> dict[str, object]:

@@ -155,6 +155,18 @@ def test_set_tf32_round_trips_through_the_new_api(restore_precision):
     assert hardware.matmul_tf32() is False
 
 
+def test_tf32_on_a_torch_without_the_precision_api_uses_the_legacy_switches():
+    from types import SimpleNamespace
+
+    legacy = SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace(allow_tf32=False)),
+                             cudnn=SimpleNamespace(allow_tf32=False))
+    hardware.set_tf32(True, backends=legacy)
+    assert legacy.cuda.matmul.allow_tf32 is True and legacy.cudnn.allow_tf32 is True
+    assert hardware.matmul_tf32(backends=legacy) is True
+    hardware.set_tf32(False, backends=legacy)
+    assert hardware.matmul_tf32(backends=legacy) is False
+
+
 def test_training_on_a_gpu_records_tf32_set_by_transformers(monkeypatch, tmp_path, restore_precision):
     """The GPU path end to end on a CPU: a cuda plan, TF32 on through the new API, then metrics.json.
 
