@@ -16,3 +16,14 @@ def vcpus(instance_type: str) -> int:
     if not match:
         raise ValueError(f"unknown instance size in {instance_type}")
     return 4 * int(match.group(1) or 1)
+
+
+# EC2 GPU families with local NVMe instance storage, which the Deep Learning AMI mounts at /opt/dlami/nvme.
+INSTANCE_STORAGE_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
+NVME_MOUNT = "/opt/dlami/nvme"
+
+
+def has_instance_storage(instance_type: str) -> bool:
+    """True for the GPU families above, and for families that name their local disks with a "d" (c6gd, m5dn)."""
+    family = instance_type.split(".")[0]
+    return family in INSTANCE_STORAGE_FAMILIES or bool(re.fullmatch(r"[a-z]+\d+[a-z]*d[n]?", family))

@@ -61,7 +61,7 @@ class OperationsStack(EnvironmentStack):
             "ENVIRONMENT": settings.name,
             "DEFAULT_MAX_HOURS": str(settings.training.max_hours),
             "TOPIC_ARN": topic.topic_arn,
-        }, description="Stops this environment's training instances that run past their max hours")
+        }, description="Terminates this environment's training instances that run past their max hours")
         self._triggers(artifacts)
         self._grant()
         self._alarms(topic)
@@ -132,7 +132,7 @@ class OperationsStack(EnvironmentStack):
         watchdog.add_to_principal_policy(iam.PolicyStatement(
             sid="FindInstances", actions=["ec2:DescribeInstances"], resources=["*"]))
         watchdog.add_to_principal_policy(iam.PolicyStatement(
-            sid="StopOurTrainingInstances", actions=["ec2:StopInstances"],
+            sid="TerminateOurTrainingInstances", actions=["ec2:TerminateInstances"],
             resources=[f"arn:{self.partition}:ec2:{self.region}:{self.account}:instance/*"],
             conditions={"StringEquals": {"aws:ResourceTag/project": self.settings.project,
                                          "aws:ResourceTag/environment": self.settings.name,
@@ -150,7 +150,7 @@ class OperationsStack(EnvironmentStack):
                     "Model package versions are numbered by SageMaker inside this one group.")
         acknowledge(watchdog, "IAM5[Resource::*]", "ec2:DescribeInstances has no resource-level scope.")
         acknowledge(watchdog, self._finding("instance/*", service="ec2"),
-                    "StopInstances is limited by condition to instances tagged with this project, environment "
+                    "TerminateInstances is limited by condition to instances tagged with this project, environment "
                     "and component=training.")
 
     def _finding(self, resource: str, service: str = "sagemaker") -> str:
@@ -192,7 +192,7 @@ class OperationsStack(EnvironmentStack):
         dashboard.add_widgets(
             cloudwatch.GraphWidget(title="Training runs", width=12, left=[
                 runs("RunsRegistered", "register-model"), runs("RunsRejected", "register-model"),
-                runs("InstancesStopped", "training-watchdog")]),
+                runs("InstancesTerminated", "training-watchdog")]),
             cloudwatch.GraphWidget(title="Glue functions: invocations and errors", width=12, left=[
                 self.register_model.metric_invocations(), self.register_model.metric_errors(),
                 self.watchdog.metric_invocations(), self.watchdog.metric_errors(),

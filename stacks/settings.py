@@ -123,6 +123,12 @@ class TrainingSettings:
     # A slice of the data for cheap runs (the smoke environment); None trains on everything.
     max_train_samples: int | None = setting(None, minimum=1, maximum=10_000_000)
     max_eval_samples: int | None = setting(None, minimum=1, maximum=10_000_000)
+    # Where P-instance capacity is (one of network.availability_zones); None takes the first private subnet.
+    availability_zone: str | None = setting(None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$",
+                                            describe="a zone name such as us-west-2a")
+    # An EC2 capacity reservation (On-Demand Capacity Reservation or Capacity Block) to launch into.
+    capacity_reservation_id: str | None = setting(None, pattern=r"^cr-[0-9a-f]{8,17}$",
+                                                  describe="a capacity reservation id such as cr-0123456789abcdef0")
     # Where the run happens: `ec2` is the recipe's one self-terminating instance (training.enabled starts it);
     # `sagemaker` synthesizes a SageMaker Pipeline per environment (it costs nothing until `make train`).
     backend: str = setting("ec2", choices=("ec2", "sagemaker"))

@@ -15,7 +15,10 @@ from constructs import Construct
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_registry, dlc_repository_arn
+from stacks.instances import NVME_MOUNT, has_instance_storage
 from stacks.nag import acknowledge
+from stacks.sentiment import GRAVITON_IMAGES
+from stacks.serving_wheels import wheel_target
 from stacks.settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
 
 USER_DATA_SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
@@ -51,6 +54,20 @@ def render_user_data(values: dict[str, str], script: Path = USER_DATA_SCRIPT) ->
     return f"{first_line}\n# --- values rendered by the training stack ---\n{exports}\n{rest}"
 
 
+def training_subnets(settings: Settings) -> ec2.SubnetSelection:
+    """The private subnet in training.availability_zone, or the first private subnet when none is set."""
+    zone, zones = settings.training.availability_zone, settings.network.availability_zones
+    if zone is None:
+        if settings.training.capacity_reservation_id:
+            raise SettingsError("training.availability_zone", zone,
+                                "the zone of training.capacity_reservation_id (a reservation holds one zone)")
+        return ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+    if zone not in zones:
+        raise SettingsError("training.availability_zone", zone,
+                            "one of network.availability_zones (" + (", ".join(zones) or "unset: set them too") + ")")
+    return ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, availability_zones=[zone])
+
+
 class TrainingStack(EnvironmentStack):
     def __init__(self, scope: Construct, *, settings: Settings, vpc: ec2.IVpc, artifacts: ArtifactsStack) -> None:
         super().__init__(scope, "training", settings=settings,
@@ -64,6 +81,9 @@ class TrainingStack(EnvironmentStack):
             repository_arn = dlc_repository_arn(self.region, TRAINING_REPOSITORY)
         except UnsupportedRegionError as error:
             raise SettingsError("region", settings.region, "a region with Deep Learning Containers") from error
+        # The archive's wheels are for the hosting image, so an image that cannot run the handler stops here.
+        wheels = wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES)
+        subnets = training_subnets(settings)
 
         self.log_group = logs.LogGroup(
             self, "Logs", encryption_key=key, retention=log_retention(config.log_retention_days),
@@ -75,8 +95,10 @@ class TrainingStack(EnvironmentStack):
         role = iam.Role(self, "InstanceRole", assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
                         description="One training run: pull the DLC, read code, write its model prefix and logs")
         security_group = ec2.SecurityGroup(
-            self, "InstanceSecurityGroup", vpc=vpc, allow_all_outbound=True,
-            description="Training instance: no inbound traffic (Session Manager), egress for images and data")
+            self, "InstanceSecurityGroup", vpc=vpc, allow_all_outbound=False,
+            description="Training instance: no inbound traffic (Session Manager), HTTPS out for images and data")
+        # Registry, S3, CloudWatch, Session Manager and the model hub are all HTTPS (VPC endpoints or NAT).
+        security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to AWS APIs and the model hub")
 
         user_data = ec2.UserData.custom(render_user_data({
             "RUN_ID": config.run_id,
@@ -89,18 +111,22 @@ class TrainingStack(EnvironmentStack):
             "INFERENCE_CODE_URL": inference_code.s3_object_url,
             "MAX_HOURS": str(config.max_hours),
             "TRAIN_ARGS": train_args(config),
+            "SERVING_PYTHON": wheels.python,
+            "SERVING_PLATFORMS": wheels.platform_flags(),
+            **({"NVME_MOUNT": NVME_MOUNT} if has_instance_storage(config.instance_type) else {}),
         }))
         self.instance = ec2.Instance(
             self, "Instance",
             vpc=vpc,
-            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            vpc_subnets=subnets,
             instance_type=ec2.InstanceType(config.instance_type),
             machine_image=ec2.MachineImage.from_ssm_parameter(config.ami_parameter, user_data=user_data),
             user_data=user_data,
             user_data_causes_replacement=True,
             role=role,
             security_group=security_group,
-            require_imdsv2=True,
+            # IMDSv2 comes from the launch template below, which also carries the capacity reservation.
+            require_imdsv2=False,
             detailed_monitoring=True,
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[ec2.BlockDevice(
@@ -110,6 +136,20 @@ class TrainingStack(EnvironmentStack):
                                                  delete_on_termination=True),
             )],
         )
+        # AWS::EC2::Instance has no capacity reservation property: a launch template does (its zone is
+        # training.availability_zone). The same template requires IMDSv2, as require_imdsv2 would.
+        reservation = None
+        if config.capacity_reservation_id:
+            reservation = ec2.CfnLaunchTemplate.CapacityReservationSpecificationProperty(
+                capacity_reservation_target=ec2.CfnLaunchTemplate.CapacityReservationTargetProperty(
+                    capacity_reservation_id=config.capacity_reservation_id))
+        template_data = ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
+            metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(http_tokens="required",
+                                                                           http_endpoint="enabled"),
+            capacity_reservation_specification=reservation)
+        launch_template = ec2.CfnLaunchTemplate(self, "LaunchTemplate", launch_template_data=template_data)
+        self.instance.instance.launch_template = ec2.CfnInstance.LaunchTemplateSpecificationProperty(
+            launch_template_id=launch_template.ref, version=launch_template.attr_latest_version_number)
         # The watchdog (stacks/operations.py) finds overdue runs by these tags.
         tags = {"component": "training", "run-id": config.run_id, "max-hours": str(config.max_hours)}
         for tag, value in tags.items():
@@ -117,7 +157,8 @@ class TrainingStack(EnvironmentStack):
         acknowledge(self.instance, "EC29",
                     "A one-shot training instance must be able to terminate itself when its run ends.")
 
-        self._grant(role, repository_arn=repository_arn, artifacts=artifacts, assets=[training_code, inference_code])
+        self._grant(role, repository_arn=repository_arn, artifacts=artifacts, assets=[training_code, inference_code],
+                    run_id=config.run_id)
 
         prefix = f"s3://{bucket.bucket_name}/{MODEL_PREFIX}/{config.run_id}/"
         cdk.CfnOutput(self, "InstanceId", value=self.instance.instance_id, description="Training instance")
@@ -130,8 +171,9 @@ class TrainingStack(EnvironmentStack):
                       description="Follow the run's log")
 
     def _grant(self, role: iam.Role, *, repository_arn: str, artifacts: ArtifactsStack,
-               assets: list[s3_assets.Asset]) -> None:
+               assets: list[s3_assets.Asset], run_id: str) -> None:
         """Everything the instance may do, in one place: pull, read code, write its prefix, log, be reached."""
+        run_prefix = f"{MODEL_PREFIX}/{run_id}/"  # the run id is known at synth: no write into other runs
         role.add_to_policy(iam.PolicyStatement(
             sid="PullTrainingImage",
             actions=["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
@@ -144,7 +186,7 @@ class TrainingStack(EnvironmentStack):
             resources=[f"arn:{self.partition}:s3:::{a.s3_bucket_name}/{a.s3_object_key}" for a in assets]))
         role.add_to_policy(iam.PolicyStatement(
             sid="WriteRunOutputs", actions=["s3:PutObject", "s3:AbortMultipartUpload"],
-            resources=[artifacts.objects_arn(f"{MODEL_PREFIX}/")]))
+            resources=[artifacts.objects_arn(run_prefix)]))
         # Multipart uploads to an SSE-KMS bucket need Decrypt as well as GenerateDataKey.
         role.add_to_policy(iam.PolicyStatement(
             sid="EncryptRunOutputs", actions=["kms:GenerateDataKey", "kms:Encrypt", "kms:Decrypt"],
@@ -162,5 +204,5 @@ class TrainingStack(EnvironmentStack):
             resources=["*"]))
         acknowledge(role, "IAM5[Resource::*]",
                     "ecr:GetAuthorizationToken and the Session Manager channel actions have no resource-level scope.")
-        acknowledge(role, artifacts.objects_finding(f"{MODEL_PREFIX}/"),
-                    "Training writes any object under its own prefix models/sentiment/ (one folder per run).")
+        acknowledge(role, artifacts.objects_finding(run_prefix),
+                    f"Training writes any object under its own run's prefix {run_prefix} (model, logs, markers).")

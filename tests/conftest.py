@@ -37,6 +37,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     # The done-when of issue 16: two spot instances from a SageMaker Pipeline.
     "dev-sagemaker": ("dev", {"training.backend": "sagemaker", "training.instance_count": "2",
                               "training.spot": "true"}),
+    "prod-training-reserved": ("prod", {"training.enabled": "true", "account": "123456789012", "region": "us-west-2",
+                                        "network.availability_zones": "us-west-2a,us-west-2b",
+                                        "training.availability_zone": "us-west-2b",
+                                        "training.capacity_reservation_id": "cr-0123456789abcdef0"}),
 }
 
 

@@ -58,15 +58,16 @@ def test_register_model_runs_on_success_markers_only(synthesized):
                                      {"ModelPackageGroupName": "mlrecipes-dev-sentiment"})
 
 
-def test_watchdog_runs_on_a_schedule_and_may_stop_only_tagged_training_instances(synthesized):
+def test_watchdog_runs_on_a_schedule_and_may_terminate_only_tagged_training_instances(synthesized):
     template = synthesized("dev").template("operations")
     template.has_resource_properties("AWS::Events::Rule", {"ScheduleExpression": "rate(15 minutes)"})
     policies = [p["Properties"]["PolicyDocument"]["Statement"]
                 for k, p in template.find_resources("AWS::IAM::Policy").items() if "Watchdog" in k]
     [statements] = policies
-    stop = next(s for s in statements if s.get("Sid") == "StopOurTrainingInstances")
-    assert stop["Action"] == "ec2:StopInstances"
-    assert stop["Condition"] == {"StringEquals": {"aws:ResourceTag/project": "mlrecipes",
+    terminate = next(s for s in statements if s.get("Sid") == "TerminateOurTrainingInstances")
+    assert terminate["Action"] == "ec2:TerminateInstances"
+    assert not any("ec2:StopInstances" in str(s["Action"]) for s in statements)
+    assert terminate["Condition"] == {"StringEquals": {"aws:ResourceTag/project": "mlrecipes",
                                                   "aws:ResourceTag/environment": "dev",
                                                   "aws:ResourceTag/component": "training"}}
     assert _by_service(template, "training-watchdog")["Environment"]["Variables"]["DEFAULT_MAX_HOURS"] == "6"
@@ -107,7 +108,7 @@ def _dashboard_body(template) -> str:
 def test_dashboard_shows_enabled_endpoints_and_training_runs(synthesized):
     with_endpoint = _dashboard_body(synthesized("prod-sentiment").template("operations"))
     for fragment in ("prod-sentiment", "ModelLatency", "p90", "Invocation5XXErrors", "Invocation4XXErrors",
-                     "CPUUtilization", "InvocationsPerInstance", "RunsRegistered", "InstancesStopped"):
+                     "CPUUtilization", "InvocationsPerInstance", "RunsRegistered", "InstancesTerminated"):
         assert fragment in with_endpoint, fragment
     without = _dashboard_body(synthesized("dev").template("operations"))
     assert "dev-sentiment" not in without and "RunsRegistered" in without

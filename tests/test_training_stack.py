@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from aws_cdk.assertions import Match
 
 SSM_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
@@ -65,6 +66,14 @@ def test_security_group_admits_nothing(synthesized):
         assert "SecurityGroupIngress" not in group["Properties"]
 
 
+def test_security_group_sends_only_https(synthesized):
+    groups = synthesized("prod-training").template("training").find_resources("AWS::EC2::SecurityGroup")
+    assert len(groups) == 1
+    egress = next(iter(groups.values()))["Properties"]["SecurityGroupEgress"]
+    assert egress == [{"CidrIp": "0.0.0.0/0", "Description": "HTTPS to AWS APIs and the model hub",
+                       "FromPort": 443, "IpProtocol": "tcp", "ToPort": 443}]
+
+
 def test_user_data_steps_run_in_order(synthesized):
     script = _literal_user_data(synthesized("prod-training").template("training"))
     assert script.startswith("#!/usr/bin/env bash\n")
@@ -74,7 +83,10 @@ def test_user_data_steps_run_in_order(synthesized):
     assert "--num-train-epochs 10 --learning-rate 1e-05 --per-device-train-batch-size 16" in script
     expected_order = [
         "trap finish EXIT",
-        'shutdown -h "+$((MAX_HOURS * 60))"',
+        'shutdown -h "+${GUARD_MINUTES}"',
+        ': "${RUN_ID:?}"',
+        'mkdir -p "$(dirname "$LOG_FILE")"',
+        'until mountpoint -q "$NVME_MOUNT"',
         "docker login --username AWS --password-stdin",
         'docker pull "$BASE_IMAGE"',
         "docker build",
@@ -120,7 +132,8 @@ def test_instance_role_is_least_privilege(synthesized):
     assert by_sid["RegistryLogin"]["Action"] == "ecr:GetAuthorizationToken"
     assert all("*" not in str(r) for r in by_sid["ReadCode"]["Resource"])
     assert by_sid["WriteRunOutputs"]["Action"] == ["s3:AbortMultipartUpload", "s3:PutObject"]
-    assert by_sid["WriteRunOutputs"]["Resource"]["Fn::Join"][1][1] == "/models/sentiment/*"
+    # Only this run's own prefix: a run cannot overwrite another run's model or markers.
+    assert by_sid["WriteRunOutputs"]["Resource"]["Fn::Join"][1][1] == "/models/sentiment/run-0001/*"
     assert by_sid["EncryptRunOutputs"]["Condition"] == {
         "StringEquals": {"kms:ViaService": "s3.us-west-2.amazonaws.com"}}
     assert by_sid["WriteLogs"]["Resource"]["Fn::GetAtt"][1] == "Arn"
@@ -146,3 +159,58 @@ def test_outputs_tell_the_operator_what_comes_next(synthesized):
     assert prefix[0] == "s3://" and re.fullmatch(r"/models/sentiment/run-0001/", prefix[2])
     follow = outputs["FollowLogCommand"]["Value"]["Fn::Join"][1]
     assert follow[0] == "aws logs tail " and follow[2] == " --follow --region us-west-2"
+
+
+def test_user_data_names_the_nvme_and_the_hosting_images_python(synthesized):
+    script = _literal_user_data(synthesized("prod-training").template("training"))
+    assert "export NVME_MOUNT=/opt/dlami/nvme\n" in script  # p4d.24xlarge has 8 TB of instance storage
+    assert "export SERVING_PYTHON=3.12\n" in script  # sentiment.pytorch_version 2.6.0: the py312 arm64 image
+    assert "export SERVING_PLATFORMS='--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64'\n" in script
+
+
+def test_no_zone_set_takes_the_first_private_subnet_and_no_reservation(synthesized):
+    template = synthesized("prod-training").template("training")
+    data = next(iter(template.find_resources("AWS::EC2::LaunchTemplate").values()))["Properties"]
+    assert "CapacityReservationSpecification" not in data["LaunchTemplateData"]
+
+
+def test_zone_and_capacity_reservation(synthesized):
+    template = synthesized("prod-training-reserved").template("training")
+    props = _instance(template)["Properties"]
+    templates = template.find_resources("AWS::EC2::LaunchTemplate")
+    assert len(templates) == 1
+    name, launch_template = next(iter(templates.items()))
+    assert launch_template["Properties"]["LaunchTemplateData"]["CapacityReservationSpecification"] == {
+        "CapacityReservationTarget": {"CapacityReservationId": "cr-0123456789abcdef0"}}
+    assert launch_template["Properties"]["LaunchTemplateData"]["MetadataOptions"]["HttpTokens"] == "required"
+    assert props["LaunchTemplate"]["LaunchTemplateId"] == {"Ref": name}
+    # The second zone's private subnet, not the first one.
+    assert "privateSubnet2" in props["SubnetId"]["Fn::ImportValue"]
+
+
+@pytest.mark.parametrize(("overrides", "fragments"), [
+    ({"training.capacity_reservation_id": "cr-0123456789abcdef0"},
+     ["training.availability_zone=null", "the zone of training.capacity_reservation_id"]),
+    ({"training.availability_zone": "us-west-2c", "network.availability_zones": "us-west-2a,us-west-2b"},
+     ["training.availability_zone='us-west-2c'", "one of network.availability_zones (us-west-2a, us-west-2b)"]),
+    ({"training.availability_zone": "us-west-2a"}, ["network.availability_zones (unset: set them too)"]),
+    ({"sentiment.pytorch_version": "2.4.0"},
+     ["sentiment.pytorch_version='2.4.0'", "torch >= 2.6", "transformers 5.20.0", "2.6.0"]),
+])
+def test_settings_the_training_stack_refuses(overrides, fragments):
+    from stacks.environment import build_environment, new_app
+    from stacks.settings import SettingsError, load_settings
+
+    settings = load_settings("prod", {"training.enabled": "true", **overrides})
+    with pytest.raises(SettingsError) as caught:
+        build_environment(new_app(), settings)
+    for fragment in fragments:
+        assert fragment in str(caught.value)
+
+
+def test_instance_storage_table():
+    from stacks.instances import has_instance_storage
+
+    assert all(has_instance_storage(t) for t in ("p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "g5.xlarge",
+                                                 "g6e.12xlarge", "g4dn.xlarge", "m5dn.large"))
+    assert not any(has_instance_storage(t) for t in ("p3.16xlarge", "c5n.large", "m5.large", "c6g.large"))

@@ -14,7 +14,10 @@ from stacks.settings import REPO_ROOT
 SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
 
 # Each stub appends its name and arguments to $CALLS, one line per call, and fakes just enough output.
+# A stub whose call line contains $FAIL_ON exits with status 3: that is how a test breaks one step.
+FAIL_ON = 'if [[ -n "${FAIL_ON:-}" && "$(basename "$0") $*" == *"$FAIL_ON"* ]]; then echo "injected" >&2; exit 3; fi\n'
 STUBS = {
+    "mountpoint": 'echo "mountpoint $*" >> "$CALLS"',
     "nvidia-smi": 'echo "nvidia-smi $*" >> "$CALLS"\n'
                   'for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA A100-SXM4-40GB"; done',
     "shutdown": 'echo "shutdown $*" >> "$CALLS"',
@@ -58,29 +61,40 @@ VALUES = {
     "INFERENCE_CODE_URL": "s3://cdk-assets/inference.zip",
     "MAX_HOURS": "6",
     "TRAIN_ARGS": "--num-train-epochs 10 --learning-rate 1e-05",
+    "SERVING_PYTHON": "3.12",
+    "SERVING_PLATFORMS": "--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64",
 }
 
 PREFIX = "s3://artifact-bucket/models/sentiment/run-0042"
 
 
-def run_user_data(tmp_path: Path, fail_step: str | None = None) -> tuple[subprocess.CompletedProcess, list[str], Path]:
+def run_user_data(tmp_path: Path, fail_step: str | None = None, fail_on: str | None = None,
+                  **overrides: str | None) -> tuple[subprocess.CompletedProcess, list[str], Path]:
     bin_dir, uploads, fixture = tmp_path / "bin", tmp_path / "uploads", tmp_path / "fixture"
     for folder in (bin_dir, uploads, fixture):
         folder.mkdir()
     (fixture / "Dockerfile").write_text("FROM scratch\n")
     for name, body in STUBS.items():
         stub = bin_dir / name
-        stub.write_text(f"#!/usr/bin/env bash\nset -eu\n{body}\n")
+        stub.write_text(f"#!/usr/bin/env bash\nset -eu\n{FAIL_ON}{body}\n")
         stub.chmod(0o755)
     calls = tmp_path / "calls.log"
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "CALLS": str(calls), "UPLOADS": str(uploads), "FIXTURE": str(fixture),
-        "WORK_ROOT": str(tmp_path / "nvme"), "LOG_FILE": str(tmp_path / "log" / "training-run.log"),
+        "NVME_MOUNT": str(tmp_path / "nvme"), "NVME_WAIT_SECONDS": "0",
+        "LOG_FILE": str(tmp_path / "log" / "training-run.log"),
         **VALUES,
     }
     if fail_step:
         env["FAIL_STEP"] = fail_step
+    if fail_on:
+        env["FAIL_ON"] = fail_on
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name)
+        else:
+            env[name] = value
     result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
     return result, calls.read_text().splitlines(), uploads
 
@@ -148,10 +162,76 @@ def test_every_step_is_logged_to_cloudwatch(tmp_path):
     _, calls, _ = run_user_data(tmp_path)
     steps = [c for c in calls if c.startswith("aws logs put-log-events") and "step: " in c]
     assert [s.split("step: ")[1].split('"')[0] for s in steps] == [
-        "cost guard", "gpu check", "registry login", "pull base image", "fetch code", "build image", "train",
-        "wheelhouse", "package", "upload"]
+        "log set-up", "local storage", "gpu check", "registry login", "pull base image", "fetch code", "build image",
+        "train", "wheelhouse", "package", "upload"]
     assert all("--log-group-name training-logs --log-stream-name run-0042/steps" in s for s in steps)
     # The stream exists before the first event is put.
     create = _index(calls, "aws logs create-log-stream --region us-west-2 --log-group-name training-logs "
                            "--log-stream-name run-0042/steps")
     assert create < _index(calls, "aws logs put-log-events")
+
+
+# step -> how to break it: a stub call to fail (FAIL_ON), or a changed environment.
+FAILURES = {
+    "cost guard": {"fail_on": "shutdown -h +"},
+    "check settings": {"TRAIN_ARGS": None},
+    "log set-up": {"LOG_FILE": "/dev/null/training-run.log"},
+    "local storage": {"fail_on": "mountpoint -q"},
+    "gpu check": {"fail_on": "nvidia-smi -L"},
+    "registry login": {"fail_on": "docker login"},
+    "pull base image": {"fail_on": "docker pull"},
+    "fetch code": {"fail_on": "cp --only-show-errors s3://cdk-assets/training.zip"},
+    "build image": {"fail_on": "docker build"},
+    "train": {"fail_on": "torchrun"},
+    "wheelhouse": {"fail_on": "pip download"},
+    "package": {"fail_on": "training.package"},
+    "upload": {"fail_on": f"model.tar.gz {PREFIX}/model.tar.gz"},
+}
+
+
+def test_failures_cover_every_step_of_the_script():
+    steps = ["cost guard"] + [line.split('"')[1] for line in SCRIPT.read_text().splitlines()
+                              if line.startswith('step "')]
+    assert steps == list(FAILURES)
+
+
+@pytest.mark.parametrize("step", list(FAILURES))
+def test_a_failure_at_any_step_marks_the_step_failed_and_shuts_down(tmp_path, step):
+    result, calls, uploads = run_user_data(tmp_path, **FAILURES[step])
+    assert result.returncode != 0, result.stdout + result.stderr
+    failed = (uploads / "_FAILED").read_text()
+    assert f"step={step}\n" in failed, failed + result.stdout + result.stderr
+    assert not (uploads / "_SUCCESS").exists()
+    assert calls[-1] == "shutdown -h now", "\n".join(calls)
+    if step != "cost guard":
+        # The MAX_HOURS guard was scheduled before the failing step ran.
+        assert calls[0] == "shutdown -h +360", "\n".join(calls)
+    assert f"run failed in step '{step}'" in result.stdout
+
+
+def test_storage_wait_uses_the_nvme_on_instance_storage_types(tmp_path):
+    result, calls, _ = run_user_data(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"mountpoint -q {tmp_path}/nvme" in calls
+    assert f"working in {tmp_path}/nvme/run-run-0042" in result.stdout
+
+
+def test_without_instance_storage_the_root_volume_is_used_and_nothing_waits(tmp_path):
+    result, calls, _ = run_user_data(tmp_path, NVME_MOUNT=None, WORK_ROOT=str(tmp_path / "root"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not any(c.startswith("mountpoint") for c in calls)
+    assert (tmp_path / "root" / "run-run-0042" / "model.tar.gz").is_file()
+
+
+def test_wheelhouse_is_fetched_for_the_hosting_image(tmp_path):
+    _, calls, _ = run_user_data(tmp_path, SERVING_PYTHON="3.11")
+    wheels = calls[_index(calls, "pip download")]
+    assert "--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --python-version 3.11" in wheels
+
+
+def test_missing_bucket_still_shuts_down(tmp_path):
+    result, calls, uploads = run_user_data(tmp_path, BUCKET=None)
+    assert result.returncode != 0
+    assert not any(uploads.iterdir())
+    assert calls[0] == "shutdown -h +360" and calls[-1] == "shutdown -h now"
+    assert "no _FAILED marker can be written" in result.stdout

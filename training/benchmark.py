@@ -16,8 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from training import LABELS
-from training.hardware import plan
+from training import LABELS, hardware
 
 PROG = "python -m training.benchmark"
 RECIPE_SPEEDUP = 1.42
@@ -69,9 +68,8 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     # Fused AdamW updates all parameters in one kernel; the baseline is torch's default implementation.
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True if variant.fused_adamw else None)
     forward = torch.compile(model) if variant.torch_compile else model
-    if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = variant.tf32
-        torch.backends.cudnn.allow_tf32 = variant.tf32
+    # Through the precision API transformers uses; on a CPU the plan never asks for TF32 (sets "ieee").
+    hardware.set_tf32(variant.tf32)
 
     def step() -> torch.Tensor:
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=variant.bf16):
@@ -82,8 +80,7 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
         return loss
 
     def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
+        getattr(torch, device).synchronize()  # torch.cpu.synchronize is a no-op, torch.cuda's waits for kernels
 
     start = time.perf_counter()
     for _ in range(warmup):
@@ -142,6 +139,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def precision(result: Result) -> str:
+    """The optimized run's arithmetic: bf16 autocast, TF32 matmuls, or plain float32."""
+    return "bf16 autocast" if result.bf16 else ("fp32 with TF32 matmuls" if result.tf32 else "fp32")
+
+
+def describe(size: str, parameters: int, seq_len: int, device: str, machine: str, optimized: Result) -> str:
+    """What the two runs compared, in one line: model size, sequence length, device and precision."""
+    return (f"{size} model ({parameters / 1e6:.1f} M parameters), sequence length {seq_len}, {device} ({machine}), "
+            f"optimized precision {precision(optimized)}")
+
+
+def comparable(size: str, device: str) -> bool:
+    """The recipe's 1.42x is RoBERTa-base on A100 GPUs; only a base-size run on a GPU measures the same thing."""
+    return size == "base" and device == "cuda"
+
+
+def recipe_note(size: str, device: str) -> str:
+    if comparable(size, device):
+        return f"the recipe measured {RECIPE_SPEEDUP:.2f}x with the Trainer, RoBERTa-base on a p4d.24xlarge (8x A100)"
+    return (f"a {size} model on {device} measures this machine only; the recipe's figure is for RoBERTa-base on "
+            "A100 GPUs (run with --model-size base on a GPU to compare)")
+
+
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
@@ -155,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import RobertaForSequenceClassification
 
     # tf32=True: the Trainer turns TF32 on with torch.compile on Ampere+ GPUs, so the optimized run does too.
-    speed = plan(args.bf16, args.torch_compile, args.fused_adamw, tf32=args.torch_compile)
+    speed = hardware.plan(args.bf16, args.torch_compile, args.fused_adamw, tf32=args.torch_compile)
     device = speed.device
     size = args.model_size if args.model_size != "auto" else ("base" if device == "cuda" else "tiny")
     config = model_config(size)
@@ -169,10 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         "labels": torch.randint(0, len(LABELS), (args.batch_size,), generator=generator),
     }
     batch = {key: value.to(device) for key, value in batch.items()}
-    hardware = torch.cuda.get_device_name(0) if device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    machine = hardware.report(device)["gpu"] or f"CPU, {torch.get_num_threads()} threads"
     parameters = RobertaForSequenceClassification(config).num_parameters()
     print(
-        f"{device} ({hardware}), {size} model ({parameters / 1e6:.1f} M parameters), batch {args.batch_size} x "
+        f"{device} ({machine}), {size} model ({parameters / 1e6:.1f} M parameters), batch {args.batch_size} x "
         f"{args.seq_len} tokens, {args.steps} timed steps after {args.warmup} warm-up"
     )
     print(speed.summary())
@@ -188,11 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     ratio = results[1].samples_per_second / results[0].samples_per_second
     left_out = ", ".join(f"{name} ({why})" for name, why in speed.turned_off.items()) or "nothing"
-    print(f"speed-up optimized/baseline: {ratio:.2f}x (recipe on 8x A100: {RECIPE_SPEEDUP:.2f}x); left out: {left_out}")
+    print(f"compared: {describe(size, parameters, args.seq_len, device, machine, results[1])}; left out: {left_out}")
+    print(f"speed-up optimized/baseline: {ratio:.2f}x; {recipe_note(size, device)}")
     if args.json:
         summary = {
             "device": device,
-            "hardware": hardware,
+            "hardware": machine,
+            "seq_len": args.seq_len,
+            "precision": precision(results[1]),
+            "comparable_with_recipe": comparable(size, device),
             "model_size": size,
             "parameters": parameters,
             "settings": {key: value for key, value in vars(args).items() if key != "json"},

@@ -247,14 +247,11 @@ def _quiet(logger_name: str, active: bool):
 
 def _check_launch() -> None:
     """Several GPUs in one process would make the Trainer fall back to DataParallel; refuse that."""
-    import torch
+    from training import hardware
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if gpus > 1 and "LOCAL_RANK" not in os.environ:
-        raise UsageError(
-            f"{gpus} GPUs are visible to a single process, which would run slow DataParallel; launch with "
-            f"'torchrun --nproc_per_node=gpu -m training.train_sentiment ...' or limit CUDA_VISIBLE_DEVICES"
-        )
+    refusal = hardware.check_launch(hardware.visible_gpus(), dict(os.environ))
+    if refusal:
+        raise UsageError(refusal)
 
 
 def _resume_path(args, checkpoint_dir: Path) -> str | None:
@@ -283,6 +280,7 @@ def _load_model(args, train_texts: list[str]):
 
         tokenizer = tiny.build_tokenizer(train_texts, model_max_length=args.max_length)
         return tokenizer, tiny.build_model(tokenizer, max_length=args.max_length, seed=args.seed)
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     try:
@@ -295,6 +293,9 @@ def _load_model(args, train_texts: list[str]):
             label2id=dict(LABEL2ID),
             # The base LM has no classifier, and a 3-class checkpoint's head is replaced on purpose.
             ignore_mismatched_sizes=True,
+            # transformers 5 loads the checkpoint's own dtype by default ("auto"); mixed precision needs float32
+            # master weights (bf16 autocast computes in bf16 and keeps the optimizer's state in float32).
+            dtype=torch.float32,
         )
     except (OSError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -324,6 +325,8 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
     """The recipe's Trainer settings with transformers 5.x names, and the speed-ups this machine runs."""
     from transformers import TrainingArguments
 
+    from training import hardware
+
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
         num_train_epochs=args.num_train_epochs,
@@ -345,7 +348,7 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
         torch_compile=speed.torch_compile,
         bf16=speed.bf16,
         tf32=speed.tf32,
-        optim="adamw_torch_fused" if speed.fused_adamw else "adamw_torch",
+        optim=hardware.optimizer_name(speed),
         use_cpu=speed.device == "cpu",
         seed=args.seed,
         report_to="none",
@@ -391,6 +394,7 @@ def train(args) -> dict:
     with training_args.main_process_first(desc="load data"):
         splits = limit_splits(load_splits(source), args.max_train_samples, args.max_eval_samples, args.seed)
         tokenizer, model = _load_model(args, splits["train"]["text"])
+    hardware.batch_mean_loss(model)  # else DDP multiplies loss and gradients by the number of processes
     # Logged once the inputs are known to be good, so a bad argument gives a single error line.
     LOG.info("%s; %d CPU threads", speed.summary(), torch.get_num_threads())
     versions = _versions()
@@ -427,6 +431,7 @@ def train(args) -> dict:
             (output_dir / name).unlink(missing_ok=True)
 
     state = trainer.state
+    accelerator = hardware.report(speed.device)
     return {
         "train_runtime": result.metrics.get("train_runtime"),
         "train_samples_per_second": result.metrics.get("train_samples_per_second"),
@@ -449,9 +454,9 @@ def train(args) -> dict:
             "bf16": speed.bf16,
             "torch_compile": speed.torch_compile,
             "fused_adamw": speed.fused_adamw,
-            "tf32": torch.backends.cuda.matmul.allow_tf32 if speed.device == "cuda" else None,
+            "tf32": accelerator["tf32"],
             "turned_off": speed.turned_off,
-            "gpu": torch.cuda.get_device_name(0) if speed.device == "cuda" else None,
+            "gpu": accelerator["gpu"],
             "cpu_threads": torch.get_num_threads(),
         },
         "versions": versions,

@@ -1,4 +1,7 @@
-"""Stops this project's training instances that run past their max hours, and reports what it did.
+"""Terminates this project's training instances that run past their max hours, and reports what it did.
+
+Terminate, not stop: a stopped instance still pays for its volume and holds its capacity reservation slot,
+and started again it would rerun nothing (user data runs once at first boot).
 
 The instance's own shutdown timer is the first guard; this is the second, for the case where the timer
 never ran (user data failed before it, or someone cancelled it in a session).
@@ -48,14 +51,14 @@ def handler(event: dict, context: object, now: datetime | None = None) -> dict:
     overdue = overdue_instances(ec2, os.environ["PROJECT"], os.environ["ENVIRONMENT"],
                                 float(os.environ.get("DEFAULT_MAX_HOURS", "6")), now or datetime.now(UTC))
     if overdue:
-        ec2.stop_instances(InstanceIds=[o["instance_id"] for o in overdue])
+        ec2.terminate_instances(InstanceIds=[o["instance_id"] for o in overdue])
         lines = [f"{o['instance_id']} (run {o['run_id']}): {o['hours']} h > {o['max_hours']} h" for o in overdue]
-        logger.warning("stopped overdue training instances", instances=overdue)
+        logger.warning("terminated overdue training instances", instances=overdue)
         topic = os.environ.get("TOPIC_ARN")
         if topic:
-            sns.publish(TopicArn=topic, Subject="Training instances stopped by the watchdog",
-                        Message="Stopped training instances past their max hours:\n" + "\n".join(lines))
+            sns.publish(TopicArn=topic, Subject="Training instances terminated by the watchdog",
+                        Message="Terminated training instances past their max hours:\n" + "\n".join(lines))
     else:
         logger.info("no overdue training instances")
-    metrics.add_metric(name="InstancesStopped", unit=MetricUnit.Count, value=len(overdue))
-    return {"stopped": [o["instance_id"] for o in overdue]}
+    metrics.add_metric(name="InstancesTerminated", unit=MetricUnit.Count, value=len(overdue))
+    return {"terminated": [o["instance_id"] for o in overdue]}

@@ -1,4 +1,4 @@
-"""training_watchdog: stops only this project's overdue training instances, and says so."""
+"""training_watchdog: terminates only this project's overdue training instances, and says so."""
 
 from __future__ import annotations
 
@@ -36,13 +36,13 @@ def later(hours: float) -> datetime:
     return datetime.now(UTC) + timedelta(hours=hours)
 
 
-def test_overdue_training_instance_is_stopped_and_reported(ec2):
+def test_overdue_training_instance_is_terminated_and_reported(ec2):
     client, published = ec2
     ours = launch(client, project="mlrecipes", environment="dev", component="training", max_hours="2",
                   run_id="run-0001")
     result = watchdog.handler({}, FakeContext(), now=later(3))
-    assert result == {"stopped": [ours]}
-    assert state(client, ours) in ("stopping", "stopped")
+    assert result == {"terminated": [ours]}
+    assert state(client, ours) in ("shutting-down", "terminated")
     [message] = published()
     assert "run-0001" in message["Message"] and ours in message["Message"]
 
@@ -54,7 +54,7 @@ def test_instances_within_their_hours_or_not_ours_are_left_alone(ec2):
     other_project = launch(client, project="someone-else", environment="dev", component="training", max_hours="1")
     not_training = launch(client, project="mlrecipes", environment="dev", component="bastion")
     result = watchdog.handler({}, FakeContext(), now=later(7))
-    assert result == {"stopped": []}
+    assert result == {"terminated": []}
     for instance in (young, other_env, other_project, not_training):
         assert state(client, instance) == "running"
     assert published() == []
@@ -63,5 +63,5 @@ def test_instances_within_their_hours_or_not_ours_are_left_alone(ec2):
 def test_default_max_hours_applies_without_a_tag(ec2):
     client, _ = ec2
     untagged = launch(client, project="mlrecipes", environment="dev", component="training")
-    assert watchdog.handler({}, FakeContext(), now=later(5))["stopped"] == []
-    assert watchdog.handler({}, FakeContext(), now=later(6.5))["stopped"] == [untagged]
+    assert watchdog.handler({}, FakeContext(), now=later(5))["terminated"] == []
+    assert watchdog.handler({}, FakeContext(), now=later(6.5))["terminated"] == [untagged]

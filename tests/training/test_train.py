@@ -151,3 +151,21 @@ def test_max_samples_take_the_same_seeded_slice_of_each_split():
         for text, label in zip(limited[name]["text"], limited[name]["label"], strict=True):
             assert splits[name]["label"][splits[name]["text"].index(text)] == label
     assert limit_splits(splits, None, None, 42) == splits
+
+
+def test_pretrained_checkpoint_stored_in_bf16_loads_as_float32(tmp_path):
+    """transformers 5 loads a checkpoint's own dtype by default; bf16 mixed precision needs float32 weights."""
+    import argparse
+
+    import torch
+
+    from training import tiny
+    from training.train_sentiment import _load_model
+
+    texts = [json.loads(line)["text"] for line in (SAMPLE / "train.jsonl").read_text().splitlines()]
+    tokenizer = tiny.build_tokenizer(texts, model_max_length=32)
+    tiny.build_model(tokenizer, max_length=32).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    tokenizer.save_pretrained(tmp_path / "bf16")
+    args = argparse.Namespace(model_name_or_path=str(tmp_path / "bf16"), cache_dir=None, max_length=32, seed=0)
+    _, model = _load_model(args, texts)
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}

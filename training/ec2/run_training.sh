@@ -7,38 +7,24 @@
 # logs to s3://$BUCKET/models/sentiment/$RUN_ID/, writes _SUCCESS (or _FAILED naming the failing step,
 # after uploading logs and checkpoints), and always ends with a shutdown, which terminates the instance.
 set -euo pipefail
-
-: "${RUN_ID:?}" "${BUCKET:?}" "${REGION:?}" "${DLC_REGISTRY:?}" "${BASE_IMAGE:?}" "${LOG_GROUP:?}"
-: "${TRAINING_CODE_URL:?}" "${INFERENCE_CODE_URL:?}" "${MAX_HOURS:?}" "${TRAIN_ARGS:?}"
-PREFIX="s3://${BUCKET}/models/sentiment/${RUN_ID}"
+#
+# Fail safe from the first line: the exit handler and the MAX_HOURS shutdown guard come before anything
+# that can fail, and the handler copes with settings that are missing (it writes _FAILED where it can).
+STEP="cost guard"
 LOG_FILE="${LOG_FILE:-/var/log/training-run.log}"
-# The instance's NVMe (p4d: 8 TB) holds data, caches and checkpoints; the root volume is the fallback.
-if [[ -z "${WORK_ROOT:-}" ]]; then
-  WORK_ROOT=/opt/training
-  if [[ -d /opt/dlami/nvme ]]; then
-    # The DLAMI mounts the NVMe from a boot service that may still be running: wait for it (5 min at most).
-    for _ in $(seq 60); do
-      if mountpoint -q /opt/dlami/nvme; then WORK_ROOT=/opt/dlami/nvme; break; fi
-      sleep 5
-    done
-  fi
-fi
-WORK="${WORK_ROOT}/run-${RUN_ID}"
-IMAGE="sentiment-training:${RUN_ID}"
-STEP="start"
-
-mkdir -p "$WORK" "$(dirname "$LOG_FILE")"
-exec > >(tee -a "$LOG_FILE") 2>&1
-# PutLogEvents needs the stream to exist; docker's awslogs driver creates its own streams.
-aws logs create-log-stream --region "$REGION" --log-group-name "$LOG_GROUP" --log-stream-name "${RUN_ID}/steps" \
-  >/dev/null 2>&1 || true
+PREFIX=""
+WORK=""
+LOG_STREAM=""
+if [[ -n "${BUCKET:-}" && -n "${RUN_ID:-}" ]]; then PREFIX="s3://${BUCKET}/models/sentiment/${RUN_ID}"; fi
 
 log() {
   local message
-  message="$(date -u +%Y-%m-%dT%H:%M:%SZ) [run ${RUN_ID}] $*"
+  message="$(date -u +%Y-%m-%dT%H:%M:%SZ) [run ${RUN_ID:-?}] $*"
   echo "$message"
+  [[ -n "$LOG_STREAM" ]] || return 0
   # Best effort: a CloudWatch hiccup must not fail the run, the full log also lands in S3.
-  aws logs put-log-events --region "$REGION" --log-group-name "$LOG_GROUP" --log-stream-name "${RUN_ID}/steps" \
+  aws logs put-log-events --region "${REGION:-}" --log-group-name "${LOG_GROUP:-}" \
+    --log-stream-name "$LOG_STREAM" \
     --log-events "timestamp=$(date +%s%3N),message=\"${message//\"/\'}\"" >/dev/null 2>&1 || true
 }
 
@@ -57,15 +43,21 @@ finish() {
     echo "run ${RUN_ID} succeeded at $(date -u +%Y-%m-%dT%H:%M:%SZ)" | aws s3 cp --only-show-errors - "${PREFIX}/_SUCCESS"
   else
     log "run failed in step '${STEP}' (exit status ${status}); uploading logs and checkpoints"
-    if [[ -d "${WORK}/checkpoints" ]]; then
-      aws s3 cp --only-show-errors --recursive "${WORK}/checkpoints" "${PREFIX}/checkpoints/"
+    if [[ -z "$PREFIX" ]]; then
+      log "BUCKET or RUN_ID is missing: no _FAILED marker can be written"
+    else
+      if [[ -n "$WORK" && -d "${WORK}/checkpoints" ]]; then
+        aws s3 cp --only-show-errors --recursive "${WORK}/checkpoints" "${PREFIX}/checkpoints/"
+      fi
+      if [[ -n "$WORK" && -f "${WORK}/model/metrics.json" ]]; then
+        aws s3 cp --only-show-errors "${WORK}/model/metrics.json" "${PREFIX}/metrics.json"
+      fi
+      if [[ -f "$LOG_FILE" ]]; then
+        aws s3 cp --only-show-errors "$LOG_FILE" "${PREFIX}/training.log"
+      fi
+      printf 'step=%s\nexit_status=%s\ntime=%s\n' "$STEP" "$status" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+        | aws s3 cp --only-show-errors - "${PREFIX}/_FAILED"
     fi
-    if [[ -f "${WORK}/model/metrics.json" ]]; then
-      aws s3 cp --only-show-errors "${WORK}/model/metrics.json" "${PREFIX}/metrics.json"
-    fi
-    aws s3 cp --only-show-errors "$LOG_FILE" "${PREFIX}/training.log"
-    printf 'step=%s\nexit_status=%s\ntime=%s\n' "$STEP" "$status" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-      | aws s3 cp --only-show-errors - "${PREFIX}/_FAILED"
   fi
   log "shutting down (instance-initiated shutdown terminates this instance)"
   shutdown -h now
@@ -73,9 +65,44 @@ finish() {
 }
 trap finish EXIT
 
-step "cost guard"
-# Whatever happens below, the instance stops paying after MAX_HOURS.
-shutdown -h "+$((MAX_HOURS * 60))"
+# Whatever happens below, the instance stops paying after MAX_HOURS (one hour if the setting is unusable).
+GUARD_MINUTES=60
+if [[ "${MAX_HOURS:-}" =~ ^[1-9][0-9]*$ ]]; then GUARD_MINUTES=$((MAX_HOURS * 60)); fi
+shutdown -h "+${GUARD_MINUTES}"
+
+step "check settings"
+: "${RUN_ID:?}" "${BUCKET:?}" "${REGION:?}" "${DLC_REGISTRY:?}" "${BASE_IMAGE:?}" "${LOG_GROUP:?}"
+: "${TRAINING_CODE_URL:?}" "${INFERENCE_CODE_URL:?}" "${MAX_HOURS:?}" "${TRAIN_ARGS:?}" "${SERVING_PYTHON:?}"
+: "${SERVING_PLATFORMS:?}"
+IMAGE="sentiment-training:${RUN_ID}"
+
+step "log set-up"
+mkdir -p "$(dirname "$LOG_FILE")"
+exec > >(tee -a "$LOG_FILE") 2>&1
+# PutLogEvents needs the stream to exist; docker's awslogs driver creates its own streams.
+aws logs create-log-stream --region "$REGION" --log-group-name "$LOG_GROUP" --log-stream-name "${RUN_ID}/steps" \
+  >/dev/null 2>&1 || true
+LOG_STREAM="${RUN_ID}/steps"
+log "step: $STEP"
+
+step "local storage"
+# Instance types with instance storage (p4d: 8 TB NVMe) get NVME_MOUNT from the stack: data, caches and
+# checkpoints go there. The DLAMI mounts it from a boot service that may still be running, so wait for it,
+# but not for ever: on such a type the root volume is too small to fall back to.
+if [[ -n "${NVME_MOUNT:-}" ]]; then
+  deadline=$((SECONDS + ${NVME_WAIT_SECONDS:-300}))
+  until mountpoint -q "$NVME_MOUNT"; do
+    if ((SECONDS >= deadline)); then
+      log "instance storage ${NVME_MOUNT} not mounted after ${NVME_WAIT_SECONDS:-300} s"
+      exit 1
+    fi
+    sleep 5
+  done
+  WORK_ROOT="$NVME_MOUNT"
+fi
+WORK="${WORK_ROOT:-/opt/training}/run-${RUN_ID}"
+mkdir -p "$WORK"
+log "working in ${WORK}"
 
 step "gpu check"
 nvidia-smi -L
@@ -109,10 +136,12 @@ step "train"
   --output-dir /opt/ml/work/model --checkpoint-dir /opt/ml/work/checkpoints $TRAIN_ARGS
 
 step "wheelhouse"
-# The endpoint runs with network isolation, so the handler's wheels (linux aarch64) travel in the archive.
+# The endpoint runs with network isolation, so the handler's wheels travel in the archive, built for the
+# hosting image's Python and platform (stacks/serving_wheels.py renders SERVING_PYTHON and SERVING_PLATFORMS).
+# shellcheck disable=SC2086  # SERVING_PLATFORMS is a list of --platform flags rendered by the stack
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \
-  pip download --quiet --only-binary=:all: --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
-  --python-version "${SERVING_PYTHON:-3.12}" -d /opt/ml/work/wheels -r inference/requirements.txt
+  pip download --quiet --only-binary=:all: $SERVING_PLATFORMS \
+  --python-version "$SERVING_PYTHON" -d /opt/ml/work/wheels -r inference/requirements.txt
 
 step "package"
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \

@@ -1,0 +1,44 @@
+"""training/requirements.txt names the training image; the Dockerfile and the settings must agree with it."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stacks.settings import REPO_ROOT, TrainingSettings
+from training.image import base_image
+
+
+def test_requirements_name_the_image_and_its_torch():
+    image = base_image()
+    assert image.repository == "pytorch-training"
+    assert (image.torch, image.python, image.cuda) == ("2.10.0", "3.13", "13.0")
+
+
+def test_dockerfile_default_base_image_is_the_named_one():
+    image = base_image()
+    dockerfile = (REPO_ROOT / "training" / "Dockerfile").read_text()
+    defaults = re.findall(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, flags=re.MULTILINE)
+    assert len(defaults) == 1
+    assert defaults[0].endswith(f"/{image.repository}:{image.tag}")
+
+
+def test_training_setting_runs_the_named_image():
+    assert TrainingSettings().base_image_tag == base_image().tag
+
+
+def test_training_and_serving_pin_the_same_transformers():
+    from stacks.serving_wheels import pinned
+
+    assert pinned("transformers", REPO_ROOT / "training" / "requirements.txt") == pinned("transformers")
+
+
+def test_a_requirements_file_without_the_line_or_with_a_bad_tag_is_refused(tmp_path):
+    path = tmp_path / "requirements.txt"
+    path.write_text("transformers==5.20.0\n")
+    with pytest.raises(ValueError, match="expected one '# base-image: repository:tag' line, found 0"):
+        base_image(path)
+    path.write_text("# base-image: pytorch-training:latest\n")
+    with pytest.raises(ValueError, match="'latest' is not a"):
+        base_image(path)
