@@ -59,6 +59,8 @@ class Resources:
     inference_image: str
     inference_instance_type: str
     model_package_group: str
+    # The sentiment image's Python (stacks.serving_wheels): the archive's wheels must install there.
+    serving_python: str = "3.12"
 
 
 def has_local_nvme(instance_type: str) -> bool:
@@ -112,7 +114,8 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         # Always synced, so a spot interruption or a retried execution resumes; metrics.json lands here too.
         "CheckpointConfig": {"S3Uri": run_uri(resources, "checkpoints/"), "LocalPath": CHECKPOINT_LOCAL_PATH},
         # Unbuffered, so the metric lines reach the log (and the MetricDefinitions) as they are printed.
-        "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"},
+        "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+                        "SERVING_PYTHON": resources.serving_python},
     }
     if config.spot:
         request["EnableManagedSpotTraining"] = True

@@ -360,3 +360,16 @@ def test_template_passes_cfn_lint_without_a_warning(synthesized):
     runner = "import sys; from cfnlint.runner import main; sys.exit(main())"
     result = subprocess.run([sys.executable, "-c", runner, str(template)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+
+
+def test_archive_wheels_are_fetched_for_the_hosting_images_python(definition, monkeypatch):
+    """The job's SERVING_PYTHON is the sentiment image's Python, and the entry point's pip download uses it."""
+    from stacks.sentiment import GRAVITON_IMAGES
+    from stacks.serving_wheels import wheel_target
+    from training import sagemaker_entry
+
+    environment = definition["Steps"][0]["Arguments"]["Environment"]
+    expected = wheel_target(settings_from_context({}).sentiment.pytorch_version, GRAVITON_IMAGES).python
+    assert environment["SERVING_PYTHON"] == expected
+    monkeypatch.setenv("SERVING_PYTHON", "3.11")
+    assert sagemaker_entry.build_parser().parse_args([]).python_version == "3.11"

@@ -226,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     wheels = parser.add_mutually_exclusive_group()
     wheels.add_argument("--wheelhouse", type=Path, help="folder of linux-aarch64 wheels to vendor")
     wheels.add_argument("--download-wheels", action="store_true", help="pip download the handler's wheels")
-    parser.add_argument("--python-version", default=package.DEFAULT_PYTHON, help="the serving image's Python")
+    parser.add_argument("--python-version", default=os.environ.get("SERVING_PYTHON", package.DEFAULT_PYTHON),
+                        help="the serving image's Python (default: $SERVING_PYTHON, set by the pipeline from "
+                             "the sentiment image)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then training.train_sentiment flags")
     return parser
 
