@@ -36,7 +36,8 @@ def only(template, kind: str) -> dict:
 
 
 def policy_statements(template) -> dict[str, dict]:
-    (policy,) = template.find_resources("AWS::IAM::Policy").values()
+    (policy,) = [p for p in template.find_resources("AWS::IAM::Policy").values()
+                 if "ExecutionRole" in json.dumps(p["Properties"]["Roles"])]
     return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
 
