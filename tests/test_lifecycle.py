@@ -298,3 +298,35 @@ def test_endpoint_log_groups_exist_before_the_endpoints_with_retention_and_the_k
         assert "Fn::ImportValue" in json.dumps(properties["KmsKeyId"])
         (endpoint_resource,) = resources(template, "AWS::SageMaker::Endpoint")
         assert log_id in endpoint_resource["DependsOn"]
+
+
+# --- CDK feature flags: the pinned version's recommendations, each reviewed -----------------------------------
+
+def recommended_flags() -> dict:
+    """recommended-feature-flags.json of the installed aws-cdk-lib (what `cdk init` writes at that version)."""
+    import importlib.util
+    import tarfile
+    from pathlib import Path
+
+    package = Path(importlib.util.find_spec("aws_cdk").origin).parent
+    (tgz,) = package.glob("_jsii/aws-cdk-lib@*.jsii.tgz")
+    with tarfile.open(tgz, "r|gz") as tar:
+        for member in tar:
+            if member.name == "package/recommended-feature-flags.json":
+                return json.load(tar.extractfile(member))
+    raise AssertionError(f"no recommended-feature-flags.json in {tgz}")
+
+
+def test_every_recommended_feature_flag_is_set_and_reviewed():
+    from tests.conftest import REPO_ROOT
+
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    review = (REPO_ROOT / "docs" / "feature-flags.md").read_text()
+    recommended = recommended_flags()
+    assert not [flag for flag in recommended if flag not in context]
+    for flag in recommended:
+        assert f"| `{flag}` | `{json.dumps(context[flag])}` |" in review, flag
+    kept = {flag for flag, value in recommended.items() if context[flag] != value}
+    assert kept == {"@aws-cdk/core:defaultCrossStackReferences", "@aws-cdk/core:explicitStackTags"}
+    for flag in kept:
+        assert re.search(rf"`{re.escape(flag)}`.*KEPT", review)
