@@ -97,8 +97,9 @@ class OperationsStack(EnvironmentStack):
             timeout=cdk.Duration.seconds(60),
             memory_size=256,
             # No reserved concurrency: Lambda refuses a reservation that leaves an account fewer than its
-            # minimum of unreserved executions, and new accounts may have no more than that minimum in all
-            # (https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html). The schedule and
+            # minimum of unreserved executions (100 with the default quota, "reserve up to the Unreserved account
+            # concurrency value ... minus 100"; lower on low-quota accounts, whose whole quota may be that minimum):
+            # https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html. The schedule and the
             # S3 markers invoke these functions a few times an hour.
             tracing=lambda_.Tracing.ACTIVE,
             dead_letter_queue=self.dead_letters,

@@ -89,9 +89,11 @@ def test_exports_in_use_never_vanish_when_workloads_are_switched_off_and_on(stat
 # --- Lambda: reserved concurrency must leave the account's unreserved minimum --------------------------------
 
 def test_no_lambda_reserves_concurrency_by_default(states):
-    """Lambda keeps a minimum of unreserved concurrency per account (100 with the default quota) and refuses a
-    reservation that would cut into it; new accounts may have a quota as low as that minimum:
-    https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html
+    """Lambda refuses a reservation that leaves the account fewer unreserved executions than its minimum: "You can
+    reserve up to the Unreserved account concurrency value that is shown, minus 100" (Lambda developer guide,
+    https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html). Accounts with a low quota see
+    a lower minimum in the error ("... below its minimum value of [10]"), and a new account's whole quota may be
+    that minimum, so any reservation fails there.
     """
     for name in ("workloads off", "workloads on"):
         for template in states(name).templates.values():
