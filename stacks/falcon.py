@@ -127,7 +127,7 @@ class FalconStack(EnvironmentStack):
             group.add_egress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(443), "HTTPS to the VPC endpoints")
             # The weights come from S3 through the gateway endpoint, whose route targets S3's public prefix
             # list, not an address in the VPC: the group must allow that list
-            # (https://docs.aws.amazon.com/vpc/latest/privatelink/vpc-endpoints-s3.html, "Security groups").
+            # (https://docs.aws.amazon.com/vpc/latest/privatelink/gateway-endpoints.html).
             group.add_egress_rule(ec2.Peer.prefix_list(self._s3_prefix_list_id()), ec2.Port.tcp(443),
                                   "HTTPS to S3 (weights) through the gateway endpoint")
         else:

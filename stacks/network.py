@@ -65,7 +65,7 @@ class NetworkStack(EnvironmentStack):
         CDK adds an export only while a consumer is in the same app, so a synth without the workloads (README
         step 1, a pipeline run with a workload switched off) would remove exports a deployed workload still
         imports, and CloudFormation refuses that ("Export ... cannot be deleted as it is in use by ..."):
-        https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-stack-exports.html
+        https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/intrinsic-function-reference-importvalue.html
         export_value() gives the same export names CDK generates for a consumer, so nothing is renamed.
         """
         self.export_value(self.vpc.vpc_id)

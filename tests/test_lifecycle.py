@@ -75,8 +75,9 @@ def imports(state) -> set[str]:
 # --- CloudFormation: an export in use cannot be removed ---------------------------------------------------------
 
 def test_exports_in_use_never_vanish_when_workloads_are_switched_off_and_on(states):
-    """"You can't delete a stack if another stack references one of its outputs" and an export in use cannot be
-    removed or changed: https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/using-cfn-stack-exports.html
+    """CloudFormation refuses to modify or remove an output value another stack imports (Fn::ImportValue,
+    restrictions on cross-stack references:
+    https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/intrinsic-function-reference-importvalue.html).
     """
     path = [states("workloads off"), states("workloads on"), states("workloads off")]
     in_use = set().union(*(imports(state) for state in path))
@@ -142,9 +143,10 @@ def update_refused(before, after) -> bool:
 
 
 def test_instance_type_change_path_never_updates_an_autoscaled_variant(states):
-    """"You can't change the instance type of a production variant that has automatic scaling configured; first
-    deregister the variant": https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-auto-scaling-delete.html
-    and UpdateEndpoint in the SageMaker API reference. The README's path: autoscaling off, new type, autoscaling on.
+    """Application Auto Scaling fails an endpoint update that changes the instance type of a variant registered as
+    a scalable target (a new model alone is allowed); deregister first, register again after:
+    https://docs.aws.amazon.com/sagemaker/latest/dg/endpoint-scaling-update.html. The README's path: autoscaling
+    off, new type, autoscaling on.
     """
     path = [states(name) for name in INSTANCE_TYPE_PATH]
     assert [autoscaled(s) for s in path] == [True, False, False, True]
@@ -267,8 +269,9 @@ def test_a_powertools_version_other_than_the_installed_one_is_refused(tmp_path):
 # --- VPC: egress must reach what serves the download ----------------------------------------------------------
 
 def test_s3_mode_falcon_may_reach_s3_through_the_gateway_endpoint(states):
-    """A gateway endpoint routes to the service's prefix list, so security groups must allow the prefix list
-    (https://docs.aws.amazon.com/vpc/latest/privatelink/vpc-endpoints-s3.html): the VPC CIDR does not cover S3."""
+    """A gateway endpoint adds a route to the service's prefix list, and a security group's outbound rule reaches a
+    service through a VPC endpoint by that prefix list's id (https://docs.aws.amazon.com/vpc/latest/privatelink/
+    gateway-endpoints.html; EC2 API, IpPermission PrefixListIds): the VPC CIDR does not cover S3's addresses."""
     template = states("workloads on").templates["mlrecipes-prod-falcon"]
     ((group_id, group),) = [(k, r) for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::SecurityGroup"]
     egress = group["Properties"].get("SecurityGroupEgress", []) + [
