@@ -335,3 +335,10 @@ def test_every_recommended_feature_flag_is_set_and_reviewed():
     assert kept == {"@aws-cdk/core:defaultCrossStackReferences", "@aws-cdk/core:explicitStackTags"}
     for flag in kept:
         assert re.search(rf"`{re.escape(flag)}`.*KEPT", review)
+
+
+def test_endpoint_log_retention_follows_the_environment(states):
+    template = states("one instance, bake 1 min").templates["mlrecipes-smoke-sentiment"]
+    (group,) = [r["Properties"] for r in resources(template, "AWS::Logs::LogGroup")
+                if r["Properties"].get("LogGroupName") == "/aws/sagemaker/Endpoints/smoke-sentiment"]
+    assert group["RetentionInDays"] == 7
