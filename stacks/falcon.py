@@ -97,13 +97,16 @@ class FalconStack(EnvironmentStack):
             # this (the HIPAA/NIST/PCI packs' SageMakerEndpointConfigurationKMSKeyConfigured would flag it).
             kms_key_id=None if nvme else key.key_arn,
         )
+        autoscaled = config.max_instances > config.min_instances
         endpoint = sagemaker.CfnEndpoint(self, "Endpoint", endpoint_name=self.endpoint_name,
-                                         endpoint_config_name=endpoint_config.attr_endpoint_config_name)
+                                         endpoint_config_name=endpoint_config.attr_endpoint_config_name,
+                                         # An update keeps the count autoscaling reached (UpdateEndpoint).
+                                         retain_all_variant_properties=True if autoscaled else None)
         endpoint.node.add_dependency(endpoint_log_group(
             self, self.endpoint_name, key=key, retention_days=settings.operations.endpoint_log_retention_days))
 
         self._alarms(alarm_topic)
-        if config.max_instances > config.min_instances:
+        if autoscaled:
             self._autoscaling(config, endpoint)
 
         cdk.CfnOutput(self, "EndpointName", value=endpoint.attr_endpoint_name, description="Falcon endpoint")
