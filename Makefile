@@ -103,4 +103,4 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
 
 clean:  ## remove build output (keeps .venv and node_modules)
-	rm -rf cdk.out .pytest_cache .ruff_cache artifacts
+	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build
