@@ -18,6 +18,7 @@ export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
+.PHONY: install-infra test-infra
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -33,6 +34,10 @@ $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt training/requirements.txt co
 	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $@
 
+$(VENV)/.infra: $(VENV)/.runtime requirements-infra.txt constraints.txt
+	$(PY) -m pip install --quiet -r requirements-infra.txt -c constraints.txt
+	touch $@
+
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -40,6 +45,8 @@ node_modules/.installed: package.json package-lock.json
 install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
 
 install-dev: install $(VENV)/.dev  ## plus test, training and lint tools
+
+install-infra: install $(VENV)/.infra  ## the app plus the infrastructure tests' tools, no torch (the pipeline's synth step)
 
 synth: install  ## synthesize every stack of ENV (default dev) into cdk.out/
 	rm -rf cdk.out
@@ -54,6 +61,14 @@ synth-pipeline: install  ## synthesize the delivery pipeline (dev -> staging -> 
 test: install-dev  ## lint, then the whole test suite
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
+INFRA_TESTS := tests/test_settings.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
+  tests/test_sentiment_stack.py tests/test_training_stack.py tests/test_falcon_stack.py tests/test_lmi.py \
+  tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas
+test-infra: install-infra  ## lint, then the infrastructure tests only (the pipeline runs these before synth)
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(INFRA_TESTS)
 
 lint: install-dev  ## ruff only
 	$(PY) -m ruff check .
@@ -93,4 +108,4 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
 
 clean:  ## remove build output (keeps .venv and node_modules)
-	rm -rf cdk.out .pytest_cache .ruff_cache artifacts
+	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build

@@ -16,11 +16,12 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
+from aws_cdk import custom_resources as cr
 from aws_cdk.aws_applicationautoscaling import CfnScalableTarget, CfnScalingPolicy
 from constructs import Construct
 
 from inference import lmi
-from stacks.base import EnvironmentStack
+from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.nag import acknowledge
 from stacks.settings import FalconSettings, Settings
 
@@ -96,11 +97,16 @@ class FalconStack(EnvironmentStack):
             # this (the HIPAA/NIST/PCI packs' SageMakerEndpointConfigurationKMSKeyConfigured would flag it).
             kms_key_id=None if nvme else key.key_arn,
         )
+        autoscaled = config.max_instances > config.min_instances
         endpoint = sagemaker.CfnEndpoint(self, "Endpoint", endpoint_name=self.endpoint_name,
-                                         endpoint_config_name=endpoint_config.attr_endpoint_config_name)
+                                         endpoint_config_name=endpoint_config.attr_endpoint_config_name,
+                                         # An update keeps the count autoscaling reached (UpdateEndpoint).
+                                         retain_all_variant_properties=True if autoscaled else None)
+        endpoint.node.add_dependency(endpoint_log_group(
+            self, self.endpoint_name, key=key, retention_days=settings.operations.endpoint_log_retention_days))
 
         self._alarms(alarm_topic)
-        if config.max_instances > config.min_instances:
+        if autoscaled:
             self._autoscaling(config, endpoint)
 
         cdk.CfnOutput(self, "EndpointName", value=endpoint.attr_endpoint_name, description="Falcon endpoint")
@@ -122,9 +128,40 @@ class FalconStack(EnvironmentStack):
                                   description="Falcon model containers: no inbound, HTTPS out")
         if config.model_s3_uri:
             group.add_egress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(443), "HTTPS to the VPC endpoints")
+            # The weights come from S3 through the gateway endpoint, whose route targets S3's public prefix
+            # list, not an address in the VPC: the group must allow that list
+            # (https://docs.aws.amazon.com/vpc/latest/privatelink/gateway-endpoints.html).
+            group.add_egress_rule(ec2.Peer.prefix_list(self._s3_prefix_list_id()), ec2.Port.tcp(443),
+                                  "HTTPS to S3 (weights) through the gateway endpoint")
         else:
             group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "HTTPS to the Hugging Face hub via NAT")
         return group
+
+    def _s3_prefix_list_id(self) -> str:
+        """The id of this region's AWS-managed S3 prefix list, read at deploy time (synth stays offline).
+
+        CloudFormation has no attribute or parameter type for it, and the id differs per region and partition.
+        """
+        name = f"com.amazonaws.{self.region}.s3"
+        lookup = cr.AwsCustomResource(
+            self, "S3PrefixList",
+            on_update=cr.AwsSdkCall(
+                service="EC2", action="describeManagedPrefixLists",
+                parameters={"Filters": [{"Name": "prefix-list-name", "Values": [name]}]},
+                physical_resource_id=cr.PhysicalResourceId.of(name),
+                output_paths=["PrefixLists.0.PrefixListId"]),
+            policy=cr.AwsCustomResourcePolicy.from_statements([iam.PolicyStatement(
+                actions=["ec2:DescribeManagedPrefixLists"], resources=["*"])]),
+            install_latest_aws_sdk=False,
+        )
+        acknowledge(lookup, "IAM5[Resource::*]", "ec2:DescribeManagedPrefixLists has no resource-level scope.")
+        provider = self.node.find_child("AWS" + cr.AwsCustomResource.PROVIDER_FUNCTION_UUID.replace("-", ""))
+        acknowledge(provider, "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                    "AWSLambdaBasicExecutionRole]",
+                    "CDK's AwsCustomResource provider writes only its own logs with the basic execution policy.")
+        # CDK generates both a DependsOn and a GetAtt on the provider's role; cfn-lint notes the redundancy.
+        provider.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
+        return lookup.get_response_field("PrefixLists.0.PrefixListId")
 
     def _role(self, config: FalconSettings, *, repository_arn: str, key: kms.IKey) -> iam.Role:
         """Pull the LMI image, write the endpoint's logs, attach to the VPC, read the weights: nothing else."""

@@ -57,6 +57,20 @@ class NetworkStack(EnvironmentStack):
                       description="Private subnets the workloads run in")
         cdk.CfnOutput(self, "FlowLogGroupName", value=self.flow_log_group.log_group_name,
                       description="VPC flow logs")
+        self._export_for_workloads()
+
+    def _export_for_workloads(self) -> None:
+        """Export what workload stacks import, whether or not a workload is part of this synth.
+
+        CDK adds an export only while a consumer is in the same app, so a synth without the workloads (README
+        step 1, a pipeline run with a workload switched off) would remove exports a deployed workload still
+        imports, and CloudFormation refuses that ("Export ... cannot be deleted as it is in use by ..."):
+        https://docs.aws.amazon.com/AWSCloudFormation/latest/UserGuide/intrinsic-function-reference-importvalue.html
+        export_value() gives the same export names CDK generates for a consumer, so nothing is renamed.
+        """
+        self.export_value(self.vpc.vpc_id)
+        for subnet in self.vpc.private_subnets:
+            self.export_value(subnet.subnet_id)
 
     def _endpoints(self, switches: EndpointSettings, cidr: str) -> dict[str, ec2.IVpcEndpoint]:
         private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)

@@ -14,12 +14,12 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
-from aws_cdk import aws_ssm as ssm
 from constructs import Construct
 
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
 from stacks.nag import acknowledge
+from stacks.powertools import layer_directory
 from stacks.sentiment import graviton_image_uri
 from stacks.settings import REPO_ROOT, Settings
 
@@ -43,9 +43,12 @@ class OperationsStack(EnvironmentStack):
         self.dead_letters = sqs.Queue(
             self, "DeadLetters", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
             retention_period=cdk.Duration.days(14))
-        powertools = lambda_.LayerVersion.from_layer_version_arn(
-            self, "Powertools", ssm.StringParameter.value_for_string_parameter(
-                self, f"/aws/service/powertools/python/x86_64/{LAMBDA_RUNTIME.name}/{config.powertools_version}"))
+        # Built from the pinned package (stacks/powertools.py), not the public layer's SSM parameter.
+        powertools = lambda_.LayerVersion(
+            self, "Powertools",
+            code=lambda_.Code.from_asset(str(layer_directory(config.powertools_version))),
+            compatible_runtimes=[LAMBDA_RUNTIME],
+            description=f"Powertools for AWS Lambda (Python) {config.powertools_version}, jmespath, typing_extensions")
 
         self.model_package_group = sagemaker.CfnModelPackageGroup(
             self, "SentimentModels", model_package_group_name=f"{settings.stack_prefix}-sentiment",
@@ -93,7 +96,12 @@ class OperationsStack(EnvironmentStack):
             log_group=log_group,
             timeout=cdk.Duration.seconds(60),
             memory_size=256,
-            reserved_concurrent_executions=2,
+            # No reserved concurrency: Lambda refuses a reservation that leaves an account fewer than its
+            # minimum of unreserved executions (100 with the default quota, "reserve up to the Unreserved account
+            # concurrency value ... minus 100"; lower on low-quota accounts, whose whole quota may be that minimum):
+            # https://docs.aws.amazon.com/lambda/latest/dg/configuration-concurrency.html. The schedule and the
+            # S3 markers invoke these functions a few times an hour.
+            tracing=lambda_.Tracing.ACTIVE,
             dead_letter_queue=self.dead_letters,
             retry_attempts=2,
             environment={**environment, "METRICS_NAMESPACE": METRICS_NAMESPACE,
@@ -148,7 +156,10 @@ class OperationsStack(EnvironmentStack):
                     "Any run's files under models/sentiment/ may be the one whose marker just landed.")
         acknowledge(register, self._finding(f"model-package/{group_name}/*"),
                     "Model package versions are numbered by SageMaker inside this one group.")
-        acknowledge(watchdog, "IAM5[Resource::*]", "ec2:DescribeInstances has no resource-level scope.")
+        acknowledge(watchdog, "IAM5[Resource::*]",
+                    "ec2:DescribeInstances and the X-Ray actions of active tracing have no resource-level scope.")
+        acknowledge(register, "IAM5[Resource::*]",
+                    "xray:PutTraceSegments and xray:PutTelemetryRecords (active tracing) have no resource-level scope.")
         acknowledge(watchdog, self._finding("instance/*", service="ec2"),
                     "TerminateInstances is limited by condition to instances tagged with this project, environment "
                     "and component=training.")

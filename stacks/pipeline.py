@@ -8,6 +8,7 @@ from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import Construct
@@ -48,7 +49,8 @@ class PipelineStack(cdk.Stack):
         super().__init__(scope, name, stack_name=name,
                          env=cdk.Environment(account=config.account or settings.account,
                                              region=config.region or settings.region),
-                         description=f"CDK pipeline for {settings.project}: {' -> '.join(s.name for s in stages)}")
+                         description=f"CDK pipeline for {settings.project}: {' -> '.join(s.name for s in stages)}",
+                         termination_protection=True)
         for key, value in {"project": settings.project, "environment": "pipeline"}.items():
             cdk.Tags.of(self).add(key, value)
 
@@ -62,9 +64,10 @@ class PipelineStack(cdk.Stack):
         synth = pipelines.ShellStep(
             "Synth",
             input=source,
-            # The same two commands as on a workstation: everything installs from the repository's pins.
-            install_commands=["make install-dev"],
-            commands=["make test", synth_command(overrides)],
+            # The same commands as on a workstation, from the repository's pins: only what synth and the
+            # infrastructure tests need (no torch); `make test` on a workstation or CI runs everything.
+            install_commands=["make install-infra"],
+            commands=["make test-infra", synth_command(overrides)],
             env={"CI": "true"},
             primary_output_directory="cdk.out",
         )
@@ -97,9 +100,24 @@ class PipelineStack(cdk.Stack):
                       description="CodePipeline that deploys every environment")
 
     def _log_artifact_bucket(self, access_logs: s3.Bucket) -> None:
-        bucket = self.pipeline.pipeline.artifact_bucket.node.default_child
+        """Server access logs of CDK Pipelines' artifact bucket (created by the construct, so set on its L1).
+
+        The logs bucket enforces bucket-owner object ownership (ACLs off), so the logging service may deliver
+        only through a bucket policy naming the source bucket and account, as CDK's serverAccessLogsBucket
+        writes it (https://docs.aws.amazon.com/AmazonS3/latest/userguide/enable-server-access-logging.html).
+        """
+        prefix = "pipeline-artifacts/"
+        artifacts = self.pipeline.pipeline.artifact_bucket
+        bucket = artifacts.node.default_child
         bucket.logging_configuration = s3.CfnBucket.LoggingConfigurationProperty(
-            destination_bucket_name=access_logs.bucket_name, log_file_prefix="pipeline-artifacts/")
+            destination_bucket_name=access_logs.bucket_name, log_file_prefix=prefix)
+        access_logs.add_to_resource_policy(iam.PolicyStatement(
+            sid="S3ServerAccessLogsPolicy",
+            principals=[iam.ServicePrincipal("logging.s3.amazonaws.com")],
+            actions=["s3:PutObject"],
+            resources=[access_logs.arn_for_objects(f"{prefix}*")],
+            conditions={"ArnLike": {"aws:SourceArn": artifacts.bucket_arn},
+                        "StringEquals": {"aws:SourceAccount": self.account}}))
 
     def _acknowledge_generated(self) -> None:
         """CDK Pipelines' own roles, whose grants CDK generates: each wildcard named, with why it is there."""

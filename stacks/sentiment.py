@@ -13,7 +13,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from stacks.base import EnvironmentStack
+from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus
 from stacks.nag import acknowledge
@@ -27,6 +27,10 @@ GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
 # Graviton families SageMaker hosts (m7g and r7g are not offered for hosting).
 GRAVITON_FAMILIES = ("c6g", "c7g", "c8g", "m6g", "r6g")
 VARIANT = "AllTraffic"
+# Time a blue/green update may spend creating and health-checking the new fleet, on top of its waits.
+PROVISIONING_ALLOWANCE_S = 1800
+# MaximumExecutionTimeoutInSeconds range in the SageMaker API (botocore service model, shape of that name).
+MAX_EXECUTION_TIMEOUT_RANGE_S = (600, 28800)
 
 
 def graviton_image_uri(region: str, pytorch_version: str) -> str:
@@ -62,6 +66,42 @@ def check(config: SentimentSettings) -> None:
     if config.workers > vcpus(config.instance_type):
         raise SettingsError("sentiment.workers", config.workers,
                             f"at most the {vcpus(config.instance_type)} vCPUs of {config.instance_type}")
+
+
+def canary_instances(config: SentimentSettings) -> int | None:
+    """Instances of the canary step, or None where the fleet is too small for one.
+
+    SageMaker requires a canary of at most 50% of the variant's instances (API reference, TrafficRoutingConfig
+    CanarySize), so a fleet of one has no canary. The canary is counted in instances: the fleet never shrinks
+    below min_instances (autoscaling's minimum, and the initial count an update starts from).
+    """
+    fleet = config.min_instances
+    size = max(1, fleet * config.canary_percent // 100)
+    return size if 2 * size <= fleet else None
+
+
+def blue_green_policy(config: SentimentSettings) -> sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty:
+    """Canary then the rest where the fleet allows it, else all at once; alarms watched for bake_minutes.
+
+    The deployment's timeout must exceed its waits (wait interval plus termination wait, API reference,
+    BlueGreenUpdatePolicy) and leave time to provision the new fleet.
+    """
+    bake = config.bake_minutes * 60
+    canary = canary_instances(config)
+    if canary is None:
+        routing = sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(type="ALL_AT_ONCE", wait_interval_in_seconds=bake)
+    else:
+        routing = sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+            type="CANARY", wait_interval_in_seconds=bake,
+            canary_size=sagemaker.CfnEndpoint.CapacitySizeProperty(type="INSTANCE_COUNT", value=canary))
+    timeout = PROVISIONING_ALLOWANCE_S + 2 * bake
+    low, high = MAX_EXECUTION_TIMEOUT_RANGE_S
+    if not low <= timeout <= high:
+        raise SettingsError("sentiment.bake_minutes", config.bake_minutes,
+                            f"a bake time whose deployment timeout ({timeout} s) lies within {low}-{high} s")
+    return sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
+        traffic_routing_configuration=routing, termination_wait_in_seconds=bake,
+        maximum_execution_timeout_in_seconds=timeout)
 
 
 def _s3_object_arn(partition: str, url: str) -> str:
@@ -120,27 +160,27 @@ class SentimentStack(EnvironmentStack):
             )],
         )
         alarms = self._alarms(config, alarm_topic)
+        self.autoscaled = config.autoscaling and config.max_instances > config.min_instances
         self.endpoint = sagemaker.CfnEndpoint(
             self, "Endpoint",
             endpoint_name=self.endpoint_name,
             endpoint_config_name=endpoint_config.attr_endpoint_config_name,
+            # Keep the instance count autoscaling has reached across updates; without autoscaling, an update
+            # takes the count from the new config (min_instances). SageMaker API reference, UpdateEndpoint.
+            retain_all_variant_properties=True,
+            exclude_retained_variant_properties=None if self.autoscaled else [
+                sagemaker.CfnEndpoint.VariantPropertyProperty(variant_property_type="DesiredInstanceCount")],
             deployment_config=sagemaker.CfnEndpoint.DeploymentConfigProperty(
-                blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
-                    traffic_routing_configuration=sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
-                        type="CANARY",
-                        canary_size=sagemaker.CfnEndpoint.CapacitySizeProperty(
-                            type="CAPACITY_PERCENT", value=config.canary_percent),
-                        wait_interval_in_seconds=config.bake_minutes * 60,
-                    ),
-                    termination_wait_in_seconds=config.bake_minutes * 60,
-                    maximum_execution_timeout_in_seconds=3600,
-                ),
+                blue_green_update_policy=blue_green_policy(config),
                 auto_rollback_configuration=sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
                     alarms=[sagemaker.CfnEndpoint.AlarmProperty(alarm_name=a.alarm_name) for a in alarms],
                 ),
             ),
         )
-        if config.max_instances > config.min_instances:
+        log_group = endpoint_log_group(self, self.endpoint_name, key=key,
+                                       retention_days=settings.operations.endpoint_log_retention_days)
+        self.endpoint.node.add_dependency(log_group)
+        if self.autoscaled:
             self._autoscaling(config)
 
         self._grant(role, image_repository_arn=repository_arn, model_data_url=config.model_data_url or "",

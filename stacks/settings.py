@@ -185,6 +185,10 @@ class SentimentSettings:
     latency_alarm_ms: int = setting(1000, minimum=1, maximum=60000)
     canary_percent: int = setting(10, minimum=1, maximum=50)
     bake_minutes: int = setting(10, minimum=1, maximum=60)
+    # Target tracking between min_instances and max_instances (when max > min). Application Auto Scaling refuses
+    # an endpoint update that changes an autoscaled variant's instance type: to change instance_type, deploy
+    # with autoscaling=false, then the new type, then autoscaling=true again (README, "Updating").
+    autoscaling: bool = True
 
     def __post_init__(self) -> None:
         if self.enabled and not self.model_data_url:
@@ -254,8 +258,10 @@ class OperationsSettings:
     alarm_email: str | None = setting(None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", describe="an e-mail address")
     watchdog_minutes: int = setting(15, minimum=5, maximum=1440)
     log_retention_days: int = setting(90, choices=LOG_RETENTION_DAYS)
-    # Powertools for AWS Lambda, resolved at deploy time from its public SSM parameter.
+    # Powertools for AWS Lambda: the layer is built from this installed, pinned package (stacks/powertools.py).
     powertools_version: str = setting("3.37.0", pattern=r"^\d+\.\d+\.\d+$", describe="a version such as 3.37.0")
+    # Retention of the endpoints' container log groups (/aws/sagemaker/Endpoints/<name>), created by the stacks.
+    endpoint_log_retention_days: int = setting(90, choices=LOG_RETENTION_DAYS)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ def only(template, kind: str) -> dict:
 
 
 def policy_statements(template) -> dict[str, dict]:
-    (policy,) = template.find_resources("AWS::IAM::Policy").values()
+    (policy,) = [p for p in template.find_resources("AWS::IAM::Policy").values()
+                 if "ExecutionRole" in json.dumps(p["Properties"]["Roles"])]
     return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
 
@@ -247,3 +248,10 @@ def test_the_recipes_three_configurations_synthesize_on_its_container_and_the_de
         (template,) = [t for name, t in templates.items() if name.startswith(stage_name + "/") and "falcon" in name]
         (model,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Model"]
         assert model["Properties"]["PrimaryContainer"]["Environment"] == environment, stage_name
+
+
+def test_an_autoscaled_endpoint_keeps_its_instance_count_across_updates(hub, from_s3):
+    """UpdateEndpoint resets the fleet to the new config's initial count unless RetainAllVariantProperties is set."""
+    assert only(from_s3.template("falcon"), "AWS::SageMaker::Endpoint")["RetainAllVariantProperties"] is True
+    # One fixed instance: nothing to keep, and a smaller fleet than configured never survives an update.
+    assert "RetainAllVariantProperties" not in only(hub.template("falcon"), "AWS::SageMaker::Endpoint")

@@ -26,15 +26,16 @@ def test_artifact_bucket_sends_events_to_eventbridge_without_a_custom_resource(s
 
 def test_functions_use_the_latest_runtime_the_pinned_powertools_layer_and_a_dead_letter_queue(synthesized):
     template = synthesized("dev").template("operations")
-    parameters = template.to_json()["Parameters"]
-    layer_parameters = [p for p in parameters.values()
-                        if p.get("Default") == "/aws/service/powertools/python/x86_64/python3.14/3.37.0"]
-    assert len(layer_parameters) == 1
+    layers = template.find_resources("AWS::Lambda::LayerVersion")
+    assert len(layers) == 1
+    [(layer_id, layer)] = layers.items()
+    assert "Powertools for AWS Lambda (Python) 3.37.0" in layer["Properties"]["Description"]
     for service in ("register-model", "training-watchdog"):
         function = _by_service(template, service)
         assert function["Runtime"] == "python3.14"
         assert function["Handler"] == "handler.handler"
-        assert "DeadLetterConfig" in function and function["ReservedConcurrentExecutions"] == 2
+        assert function["Layers"] == [{"Ref": layer_id}]
+        assert "DeadLetterConfig" in function and "ReservedConcurrentExecutions" not in function
     for role in template.find_resources("AWS::IAM::Role").values():
         assert "ManagedPolicyArns" not in role["Properties"]
 

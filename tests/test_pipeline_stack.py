@@ -47,9 +47,10 @@ def test_synth_step_installs_tests_and_synthesizes_with_the_overrides(synthesize
     specs = [json.loads(p["Properties"]["Source"]["BuildSpec"]) for p in projects.values()
              if "BuildSpec" in p["Properties"]["Source"]]
     [synth] = [s for s in specs if "make test" in json.dumps(s)]
-    assert synth["phases"]["install"]["commands"] == ["make install-dev"]
+    # Only what synth and the infrastructure tests need: no torch, no training stack.
+    assert synth["phases"]["install"]["commands"] == ["make install-infra"]
     assert synth["phases"]["build"]["commands"] == [
-        "make test",
+        "make test-infra",
         "npx cdk synth --quiet -c pipeline.enabled=true -c prod/artifacts.noncurrent_version_expiration_days=400"]
 
 
@@ -107,3 +108,35 @@ def test_summary_lists_the_stage_stacks_too(synthesized, capsys):
     for env_name in ("dev", "staging", "prod"):
         assert f"mlrecipes-pipeline/{env_name}/mlrecipes-{env_name}-network" in out
     assert "10 stacks," in out
+
+
+def test_infra_requirements_install_no_torch_and_cover_the_test_tools():
+    from tests.conftest import REPO_ROOT
+
+    lines = [line.split("==")[0] for line in (REPO_ROOT / "requirements-infra.txt").read_text().splitlines()
+             if line and not line.startswith("#")]
+    assert "-r requirements.txt" in lines and "torch" not in lines and "-r requirements-dev.txt" not in lines
+    assert {"pytest", "boto3", "moto", "cfn-lint", "ruff"} <= set(lines)
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "install-infra:" in makefile and "test-infra:" in makefile and "tests/test_lifecycle.py" in makefile
+
+
+def test_pipeline_is_termination_protected(synthesized):
+    manifest = json.loads((synthesized("pipeline").outdir / "manifest.json").read_text())
+    assert manifest["artifacts"]["mlrecipes-pipeline"]["properties"]["terminationProtection"] is True
+
+
+def test_artifact_access_logs_can_be_delivered(synthesized):
+    """The logs bucket has ACLs off, so S3 delivers server access logs only where its bucket policy lets the
+    logging service write (https://docs.aws.amazon.com/AmazonS3/latest/userguide/enable-server-access-logging.html)."""
+    template = _pipeline(synthesized).to_json()
+    buckets = {k: r for k, r in template["Resources"].items() if r["Type"] == "AWS::S3::Bucket"}
+    [(source_id, source)] = [(k, r) for k, r in buckets.items() if "LoggingConfiguration" in r["Properties"]]
+    target_id = source["Properties"]["LoggingConfiguration"]["DestinationBucketName"]["Ref"]
+    [policy] = [r["Properties"] for r in template["Resources"].values()
+                if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": target_id}]
+    [statement] = [s for s in policy["PolicyDocument"]["Statement"]
+                   if s.get("Principal") == {"Service": "logging.s3.amazonaws.com"}]
+    assert statement["Effect"] == "Allow" and statement["Action"] == "s3:PutObject"
+    assert "pipeline-artifacts/*" in json.dumps(statement["Resource"])
+    assert statement["Condition"]["ArnLike"]["aws:SourceArn"] == {"Fn::GetAtt": [source_id, "Arn"]}

@@ -65,7 +65,11 @@ def test_endpoint_has_a_stable_name_and_rolls_back_on_alarms(synthesized):
     assert endpoint["EndpointName"] == "prod-sentiment"
     policy = endpoint["DeploymentConfig"]["BlueGreenUpdatePolicy"]
     assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"
-    assert policy["TrafficRoutingConfiguration"]["CanarySize"] == {"Type": "CAPACITY_PERCENT", "Value": 10}
+    # 10% of two instances, counted in whole instances: one (at most half the fleet).
+    assert policy["TrafficRoutingConfiguration"]["CanarySize"] == {"Type": "INSTANCE_COUNT", "Value": 1}
+    # 30 min to provision the new fleet, then 10 min of canary bake and 10 min before the old fleet goes.
+    assert policy["MaximumExecutionTimeoutInSeconds"] == 1800 + 600 + 600
+    assert endpoint["RetainAllVariantProperties"] is True
     rollback = endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
     alarms = template.find_resources("AWS::CloudWatch::Alarm")
     assert sorted(a["AlarmName"]["Ref"] for a in rollback) == sorted(alarms)
