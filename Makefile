@@ -65,7 +65,9 @@ test: install-dev  ## lint, then the whole test suite
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
 INFRA_TESTS := tests/test_settings.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
   tests/test_sentiment_stack.py tests/test_training_stack.py tests/test_falcon_stack.py tests/test_lmi.py \
-  tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas
+  tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas \
+  tests/test_lmi_conformance.py tests/test_sagemaker_pipeline_stack.py tests/test_serving_wheels.py \
+  tests/test_training_user_data.py
 test-infra: install-infra  ## lint, then the infrastructure tests only (the pipeline runs these before synth)
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(INFRA_TESTS)
