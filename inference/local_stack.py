@@ -123,14 +123,19 @@ class LocalStack:
             raise StackError(f"{self.python}: no serving stack installed; run `make serving-stack`")
         if shutil.which("java") is None:
             raise StackError("no java on PATH; run `make serving-stack` (installs openjdk-17-jre-headless)")
+        running = torchserve_pids()
+        if running:
+            # torchserve.py `_retrieve_ts_server_process` finds TorchServe by command line, machine-wide.
+            raise StackError(f"TorchServe already runs here (pid {', '.join(map(str, running))}); the toolkit "
+                             "supports one per machine: stop it first")
         self.base = Path(tempfile.mkdtemp(prefix="local-stack-"))
         try:
             extract(self.model, self.base / "model")
-            output = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+            output = open(self.log, "ab") if self.log else None  # noqa: SIM115 (closed below); None: inherit
             try:
                 self.process = subprocess.Popen(
                     [str(self.python), "-c", _TOOLKIT_ENTRY, str(self.base / "ts.properties")],
-                    cwd=self.base, env=self.environment(), stdout=output, stderr=subprocess.STDOUT,
+                    cwd=self.base, env=self.environment(), stdout=output, stderr=subprocess.STDOUT if output else None,
                     start_new_session=True,  # its own process group: TorchServe and workers stop with it
                 )
             finally:
@@ -191,6 +196,17 @@ class LocalStack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def torchserve_pids() -> list[int]:
+    """Live TorchServe front ends on this machine (the toolkit looks for this class on command lines)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with suppress(OSError):
+                if b"org.pytorch.serve.ModelServer" in (entry / "cmdline").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+    return pids
 
 
 def _group_alive(pgid: int, leader: subprocess.Popen) -> bool:
