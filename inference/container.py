@@ -34,7 +34,8 @@ def worker_threads(vcpus: int, workers: int) -> int:
     return max(1, (vcpus - front_end_vcpus(vcpus)) // workers)
 
 
-def container_environment(*, vcpus: int, workers: int, max_batch: int, region: str) -> dict[str, str]:
+def container_environment(*, vcpus: int, workers: int, max_batch: int, region: str,
+                          quantize: str = "none") -> dict[str, str]:
     """The handler's contract, our handler service, the thread budget and the Graviton tuning of the AWS images."""
     return {
         "SAGEMAKER_PROGRAM": "inference.py",
@@ -46,6 +47,7 @@ def container_environment(*, vcpus: int, workers: int, max_batch: int, region: s
         SERVICE_HANDLER_ENV: SERVICE_HANDLER,
         "OMP_NUM_THREADS": str(worker_threads(vcpus, workers)),
         "MAX_BATCH": str(max_batch),
+        "SENTIMENT_QUANTIZE": quantize,
         "DNNL_DEFAULT_FPMATH_MODE": "BF16",
         "LRU_CACHE_CAPACITY": "1024",
         "THP_MEM_ALLOC_ENABLE": "1",

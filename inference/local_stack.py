@@ -83,13 +83,14 @@ class LocalStack:
     """One TorchServe under the toolkit, on 127.0.0.1; `start()` returns once /ping answers 200."""
 
     def __init__(self, model: str | Path, *, port: int = 0, workers: int = 1, vcpus: int | None = None,
-                 max_batch: int = 64, extra_env: dict[str, str] | None = None,
+                 max_batch: int = 64, quantize: str = "none", extra_env: dict[str, str] | None = None,
                  python: Path = SERVING_PYTHON, log: Path | None = None):
         self.model = Path(model)
         self.port = port or free_port()
         self.workers = workers
         self.vcpus = vcpus or len(os.sched_getaffinity(0))
         self.max_batch = max_batch
+        self.quantize = quantize
         self.extra_env = dict(extra_env or {})
         self.python = Path(python)
         self.log = log
@@ -105,7 +106,7 @@ class LocalStack:
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # the toolkit builds its own from the model's code/ folder
         env.update(container_environment(vcpus=self.vcpus, workers=self.workers, max_batch=self.max_batch,
-                                         region=os.environ.get("AWS_REGION", "us-east-1")))
+                                         region=os.environ.get("AWS_REGION", "us-east-1"), quantize=self.quantize))
         env.update({
             "SAGEMAKER_BASE_DIR": str(self.base),
             "SAGEMAKER_BIND_TO_PORT": str(self.port),
@@ -241,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vcpus", type=int, default=None,
                         help="vCPUs to size threads for (default: the CPUs this process may use)")
     parser.add_argument("--max-batch", type=int, default=64, help="texts per request (the stack's sentiment.max_batch)")
+    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
+                        help="dynamic int8 quantization (the stack's sentiment.quantize)")
     parser.add_argument("--log", type=Path, default=None, help="append the stack's output here (default: terminal)")
     return parser
 
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     stack = LocalStack(args.model, port=args.port, workers=args.workers, vcpus=args.vcpus,
-                       max_batch=args.max_batch, log=args.log)
+                       max_batch=args.max_batch, quantize=args.quantize, log=args.log)
     try:
         stack.start()
         print(f"serving {args.model} at {stack.url}/invocations (TorchServe + toolkit, "

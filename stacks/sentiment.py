@@ -39,7 +39,8 @@ def container_environment(config: SentimentSettings, region: str) -> dict[str, s
     """The handler's contract plus the Graviton tuning the AWS images document (inference/container.py, which
     `make serve-local` also uses, so the local stack runs with exactly this)."""
     return inference_container.container_environment(vcpus=vcpus(config.instance_type), workers=config.workers,
-                                                     max_batch=config.max_batch, region=region)
+                                                     max_batch=config.max_batch, region=region,
+                                                     quantize=config.quantize)
 
 
 def check(config: SentimentSettings) -> None:

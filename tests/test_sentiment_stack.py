@@ -187,3 +187,14 @@ def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_v
             assert graviton_image_uri(region, version) == image_uris.retrieve(
                 "pytorch", region=region, version=version, image_scope="inference_graviton",
                 instance_type="ml.c7g.4xlarge")
+
+
+def test_int8_quantization_is_a_setting_off_by_default():
+    from stacks.settings import SettingsError
+
+    config = load_settings("dev").sentiment
+    assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "none"
+    config = load_settings("dev", {"sentiment.quantize": "int8"}).sentiment
+    assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "int8"
+    with pytest.raises(SettingsError, match="sentiment.quantize"):
+        load_settings("dev", {"sentiment.quantize": "fp8"})
