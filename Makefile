@@ -53,7 +53,7 @@ synth-pipeline: install  ## synthesize the delivery pipeline (dev -> staging -> 
 
 test: install-dev  ## lint, then the whole test suite
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	REQUIRE_SERVING_STACK=1 $(PY) -m pytest
 
 lint: install-dev  ## ruff only
 	$(PY) -m ruff check .
@@ -74,8 +74,8 @@ MODEL ?= artifacts/tiny-model
 serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 on the image's stack
 	$(PY) -m inference.local_stack --model $(MODEL) --port 8080
 
-bench-handler: install-dev  ## our handler vs the transformers pipeline: requests/s, p50/p90 (tiny model)
-	$(PY) -m inference.benchmark_handler
+bench-handler: install-dev  ## our handler vs the HF toolkit's pipeline default on the real stack (RoBERTa-base size)
+	$(PY) -m inference.benchmark_handler $(ARGS)
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.loadtest --url $(URL) $(ARGS)

@@ -25,8 +25,6 @@ from http import HTTPStatus
 from sagemaker_inference import content_types, utils
 from sagemaker_inference.errors import BaseInferenceToolkitError
 from sagemaker_inference.transformer import Transformer
-from sagemaker_pytorch_serving_container.default_pytorch_inference_handler import DefaultPytorchInferenceHandler
-from sagemaker_pytorch_serving_container.handler_service import HandlerService
 
 LOG = logging.getLogger(__name__)
 JSON = "application/json"
@@ -89,19 +87,30 @@ class SentimentTransformer(Transformer):
         return [message + "\n"]
 
 
-class SentimentHandlerService(HandlerService):
-    """The toolkit's HandlerService (multi-model path set-up included) with our Transformer."""
+def _handler_service():
+    """The PyTorch toolkit's HandlerService (multi-model path set-up included) with our Transformer.
 
-    def __init__(self):
-        super().__init__()
-        self._service = SentimentTransformer(default_inference_handler=DefaultPytorchInferenceHandler())
+    Imported here, not at the top: `inference.serve` uses `SentimentTransformer` with the plain
+    sagemaker-inference package, which has no PyTorch serving container.
+    """
+    from sagemaker_pytorch_serving_container.default_pytorch_inference_handler import (
+        DefaultPytorchInferenceHandler,
+    )
+    from sagemaker_pytorch_serving_container.handler_service import HandlerService
+
+    service = HandlerService()
+    service._service = SentimentTransformer(default_inference_handler=DefaultPytorchInferenceHandler())
+    return service
 
 
-_service = SentimentHandlerService()
+_service = None
 
 
 def handle(data, context):
     """TorchServe's function entry point: called with no data once when the worker loads, then per batch."""
+    global _service
+    if _service is None:
+        _service = _handler_service()
     if data is None:
         _service.initialize(context)  # model_fn runs here, as with the toolkit's own service
         return None

@@ -196,5 +196,5 @@ def test_int8_quantization_is_a_setting_off_by_default():
     assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "none"
     config = load_settings("dev", {"sentiment.quantize": "int8"}).sentiment
     assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "int8"
-    with pytest.raises(SettingsError, match="sentiment.quantize"):
+    with pytest.raises(SettingsError, match=r"sentiment\.quantize"):
         load_settings("dev", {"sentiment.quantize": "fp8"})
