@@ -16,6 +16,7 @@ weights cost the same compute as trained ones. Timings are printed, never assert
 
     python -m inference.benchmark_handler                        # base size, about 6 min on 2 cores
     python -m inference.benchmark_handler --preset tiny --requests 20
+    python -m inference.benchmark_handler --preset tiny --threads 1,2 --requests 50   # thread counts
 """
 
 from __future__ import annotations
@@ -112,12 +113,12 @@ def post_all(url: str, batches: list[list[str]]) -> list[float]:
 
 
 def run_method(archive: Path, quantize: str, plan: dict[int, list[list[str]]], warmup: int,
-               log: Path) -> dict[int, Result]:
+               log: Path, extra_env: dict[str, str] | None = None) -> dict[int, Result]:
     """Start the stack on one archive, time every batch size's requests after `warmup` untimed ones, stop."""
     from inference.local_stack import LocalStack
 
     results = {}
-    with LocalStack(archive, quantize=quantize, log=log) as stack:
+    with LocalStack(archive, quantize=quantize, log=log, extra_env=extra_env) as stack:
         for batch_size, batches in plan.items():
             post_all(stack.url, batches[:warmup])
             latencies = post_all(stack.url, batches[warmup:])
@@ -135,10 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model-dir", help="a saved model directory (default: build one with --preset)")
     parser.add_argument("--preset", choices=("tiny", "base"), default="base",
                         help="random-weight model to build when no --model-dir is given")
-    parser.add_argument("--requests", type=positive_int, default=10, help="timed requests per batch size")
+    parser.add_argument("--requests", type=positive_int, default=12, help="timed requests per batch size")
     parser.add_argument("--batch-sizes", type=positive_int_list, default=[1, 8, 32], help="texts per request")
     parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed requests first")
+    parser.add_argument("--rounds", type=positive_int, default=2,
+                        help="methods take turns this many times, each timing its share of the requests")
     parser.add_argument("--no-int8", action="store_true", help="skip the handler-int8 row")
+    parser.add_argument("--threads", type=positive_int_list, default=None,
+                        help="instead of the comparison: our handler with each OMP_NUM_THREADS, e.g. 1,2 "
+                             "(how the thread formula in inference/container.py was measured)")
     parser.add_argument("--seed", type=int, default=0, help="seed for choosing the texts")
     parser.add_argument("--log", type=Path, default=None,
                         help="append the stacks' output here (default: a temporary file, removed)")
@@ -165,40 +171,53 @@ def benchmark(args, model_dir: Path, workdir: Path) -> int:
     package.build(model_dir, ours)
     baseline = workdir / "pipeline.tar.gz"
     package.build(model_dir, baseline, handler=BASELINE_HANDLER)
-    methods = [("handler", ours, "none"), *([] if args.no_int8 else [("handler-int8", ours, "int8")]),
-               ("pipeline", baseline, "none")]
+    methods = [("handler", ours, "none", None), *([] if args.no_int8 else [("handler-int8", ours, "int8", None)]),
+               ("pipeline", baseline, "none", None)]
+    if args.threads:
+        methods = [(f"threads={count}", ours, "none", {"OMP_NUM_THREADS": str(count)}) for count in args.threads]
     config = AutoConfig.from_pretrained(model_dir)
     cpus = len(os.sched_getaffinity(0))
     print(f"model: {args.model_dir or args.preset + ' (random weights)'}: {config.num_hidden_layers} layers x "
           f"{config.hidden_size}")
     print(f"stack: {SERVING_PYTHON.parent.parent.name} (TorchServe + SageMaker PyTorch toolkit), 1 worker, "
           f"OMP_NUM_THREADS={worker_threads(cpus, 1)} on {cpus} CPUs, transformers {transformers.__version__}; "
-          f"{args.requests} timed requests per row after {args.warmup} warm-up, one method at a time")
+          f"{args.requests} timed requests per row, in {args.rounds} rounds of methods taking turns, "
+          f"{args.warmup} warm-up per start")
     texts = sample_texts()
     plan = {size: make_batches(texts, size, args.requests + args.warmup, args.seed) for size in args.batch_sizes}
     log = args.log or workdir / "stacks.log"
     load_before = _load_average()
     started = time.perf_counter()
     results: dict[str, dict[int, Result]] = {}
-    for name, archive, quantize in methods:
-        results[name] = run_method(archive, quantize, plan, args.warmup, log)
-        print(f"  {name}: done", flush=True)
+    # Rounds take turns (A B C, A B C, ...), each timing its share of the requests, so load from other work
+    # on the machine falls on every method alike; the rows pool every round's requests.
+    for round_index in range(args.rounds):
+        share = {size: [*batches[:args.warmup], *batches[args.warmup:][round_index::args.rounds]]
+                 for size, batches in plan.items()}
+        for name, archive, quantize, extra_env in methods:
+            timed = run_method(archive, quantize, share, args.warmup, log, extra_env)
+            for size, result in timed.items():
+                pooled = results.setdefault(name, {}).setdefault(size, Result(name, size, [], 0.0))
+                pooled.latencies += result.latencies
+                pooled.elapsed += result.elapsed
+            print(f"  round {round_index + 1}/{args.rounds} {name}: done", flush=True)
     print()
     header = (f"{'batch':>5}  {'method':<14}{'req/s':>9}{'texts/s':>10}{'p50 ms':>10}{'p90 ms':>10}"
-              f"  {'vs pipeline':>12}")
+              f"  {'vs ' + methods[-1][0]:>16}")
     print(header)
     print("-" * len(header))
     for batch_size in args.batch_sizes:
-        reference = results["pipeline"][batch_size].requests_per_second
-        for name, _, _ in methods:
+        reference = results[methods[-1][0]][batch_size].requests_per_second
+        for name, *_ in methods:
             result = results[name][batch_size]
             rate = result.requests_per_second
             print(f"{batch_size:>5}  {name:<14}{rate:>9.2f}{rate * batch_size:>10.1f}"
                   f"{result.percentile(50) * 1000:>10.1f}{result.percentile(90) * 1000:>10.1f}"
-                  f"  {rate / reference:>11.2f}x")
+                  f"  {rate / reference:>15.2f}x")
     print(f"\n{time.perf_counter() - started:.0f} s; load average before {load_before}, after {_load_average()} "
           "(other work on the machine skews the figures).")
-    print("vs pipeline = that method's req/s / the pipeline's req/s (goal: >= 2x at batches 8 and 32).")
+    print(f"vs {methods[-1][0]} = that method's req/s / {methods[-1][0]}'s req/s"
+          + ("" if args.threads else " (goal: >= 2x at batches 8 and 32)."))
     return 0
 
 

@@ -13,7 +13,7 @@ from inference import benchmark_handler, local_stack
 @pytest.mark.skipif(not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
                     reason="no .venv-serving; run `make serving-stack`")
 def test_benchmark_prints_every_method_for_every_batch_size(model_dir, capsys):
-    argv = ["--model-dir", str(model_dir), "--requests", "2", "--warmup", "1", "--batch-sizes", "1,4"]
+    argv = ["--model-dir", str(model_dir), "--requests", "2", "--warmup", "1", "--batch-sizes", "1,4", "--rounds", "1"]
     assert benchmark_handler.main(argv) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
