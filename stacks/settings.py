@@ -137,7 +137,7 @@ class SentimentSettings:
     pytorch_version: str = setting("2.6.0", choices=("2.4.0", "2.6.0"))
     min_instances: int = setting(1, minimum=1, maximum=20)
     max_instances: int = setting(2, minimum=1, maximum=20)
-    # Model server workers per instance; each gets vCPUs / workers intra-op threads.
+    # Model server workers per instance; they share the vCPUs TorchServe's front end leaves (inference/container.py).
     workers: int = setting(2, minimum=1, maximum=64)
     max_batch: int = setting(64, minimum=1, maximum=1024)
     invocations_per_instance: int = setting(600, minimum=1, maximum=100000)

@@ -139,7 +139,7 @@ def test_threads_split_vcpus_between_workers():
 
 
 @pytest.mark.parametrize(("vcpu_count", "workers", "threads"), [
-    (1, 1, 1), (2, 1, 1), (4, 1, 3), (8, 1, 7), (16, 1, 14), (16, 2, 7), (64, 4, 14), (4, 4, 1),
+    (1, 1, 1), (2, 1, 2), (4, 1, 4), (4, 2, 2), (8, 1, 7), (16, 1, 14), (16, 2, 7), (64, 4, 14), (8, 8, 1),
 ])
 def test_worker_threads_leave_the_front_end_a_core(vcpu_count, workers, threads):
     from inference.container import front_end_vcpus, worker_threads
