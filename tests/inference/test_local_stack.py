@@ -117,3 +117,25 @@ def test_the_worker_keeps_serving_after_errors(stack):
     for body in (BAD_UTF8, b"{not json", b'{"inputs": []}'):
         post(stack, body)
     assert post(stack, GOOD)[0] == 200
+
+
+def test_a_saved_model_directory_gets_the_code_an_archive_carries(model_dir, tmp_path):
+    local_stack.extract(model_dir, tmp_path / "model")
+    assert (tmp_path / "model" / "code" / "inference.py").read_text() == (
+        local_stack.ROOT / "inference" / "inference.py").read_text()
+    assert (tmp_path / "model" / "code" / "sentiment_service.py").is_file()
+
+
+def test_what_is_not_a_model_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(local_stack.StackError, match="neither a directory nor a tar archive"):
+        local_stack.extract(tmp_path / "notes.txt", tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(local_stack.StackError, match=r"needs config\.json"):
+        local_stack.extract(tmp_path / "empty", tmp_path / "b")
+
+
+def test_a_second_stack_is_refused_while_one_runs(stack, archive):
+    assert local_stack.torchserve_pids()
+    with pytest.raises(local_stack.StackError, match="TorchServe already runs here"):
+        local_stack.LocalStack(archive).start()
