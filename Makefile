@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: help install install-dev synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
+.PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
 .PHONY: install-infra test-infra
 
 help:  ## list the targets
@@ -44,7 +44,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
 
-install-dev: install $(VENV)/.dev  ## plus test, training and lint tools
+install-dev: install $(VENV)/.dev serving-stack  ## plus test, training and lint tools, and the serving stack
 
 install-infra: install $(VENV)/.infra  ## the app plus the infrastructure tests' tools, no torch (the pipeline's synth step)
 
@@ -60,7 +60,7 @@ synth-pipeline: install  ## synthesize the delivery pipeline (dev -> staging -> 
 
 test: install-dev  ## lint, then the whole test suite
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	REQUIRE_SERVING_STACK=1 $(PY) -m pytest
 
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
 INFRA_TESTS := tests/test_settings.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
@@ -93,11 +93,11 @@ train: install-dev  ## start ENV's SageMaker training pipeline (training.backend
 	$(PY) -m training.pipeline_cli $(if $(HELP),--help,--env $(ENV) $(ARGS))
 
 MODEL ?= artifacts/tiny-model
-serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 like the endpoint
-	$(PY) -m inference.serve --model-dir $(MODEL) --port 8080
+serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 on the image's stack
+	$(PY) -m inference.local_stack --model $(MODEL) --port 8080
 
-bench-handler: install-dev  ## our handler vs the transformers pipeline: requests/s, p50/p90 (tiny model)
-	$(PY) -m inference.benchmark_handler
+bench-handler: install-dev  ## our handler vs the HF toolkit's pipeline default on the real stack (RoBERTa-base size)
+	$(PY) -m inference.benchmark_handler $(ARGS)
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.loadtest --url $(URL) $(ARGS)
@@ -111,3 +111,17 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 
 clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build
+
+# The serving stack of the endpoint's image (TorchServe + SageMaker PyTorch toolkit, versions and their source in
+# inference/serving/requirements.txt) in its own venv: it pins setuptools<81 and torchserve's dependencies apart
+# from the project's. Java 17 comes from Debian only when no java is on PATH.
+SERVING_VENV := .venv-serving
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+$(SERVING_VENV)/.installed: inference/serving/requirements.txt
+	command -v java >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless; }
+	test -x $(SERVING_VENV)/bin/python || python3 -m venv $(SERVING_VENV)
+	$(SERVING_VENV)/bin/python -m pip install --quiet -r inference/serving/requirements.txt
+	touch $@
+
+serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java, as the Graviton image has them

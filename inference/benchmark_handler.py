@@ -1,19 +1,22 @@
-"""Throughput and latency of our handler against the plain transformers pipeline, same model, same texts.
+"""Requests/s of our handler against the Hugging Face inference toolkit's default, through the real serving stack.
 
-For each batch size every method classifies the same request batches, taking turns request by request so
-machine noise hits them alike. Methods:
-- `handler`: bytes in, bytes out, as the container runs it: input_fn -> predict_fn -> output_fn on a JSON body.
-- `pipeline`: `pipeline("text-classification")(texts)`, the default call the issue compares with; it runs
-  one forward pass per text.
-- `pipeline-batched`: the same pipeline called with `batch_size=len(texts)`, for a fairer view of what
-  batching alone buys (the pipeline then also pads dynamically).
+Both run as model archives under the endpoint image's stack (TorchServe + SageMaker toolkit, see
+`inference.local_stack`), one after the other, with the container environment the stack sets, on the same
+request batches sent over one keep-alive connection. Methods:
+- `handler`: our archive (`training.package`): length-sorted buckets, dynamic padding.
+- `handler-int8`: the same with `sentiment.quantize=int8` (dynamic int8 Linear layers; changes scores
+  slightly, see `python -m inference.accuracy_check`). Skip with --no-int8.
+- `pipeline`: what a user gets from the Hugging Face inference toolkit's default handler, a transformers
+  `pipeline("text-classification")` called per request (`inference/serving/hf_default_handler.py`): one forward
+  pass per text.
 
-Without --model-dir it builds a random-weight model on the repository's tokenizer: `--preset tiny` (2 layers
-x 64, the test model) or `base` (RoBERTa-base's 12 x 768, the size that is deployed). Random weights cost the
-same compute as trained ones. Timings are printed, never asserted.
+Without --model-dir it builds a random-weight model on the repository's tokenizer: `--preset base`
+(RoBERTa-base's 12 x 768, the size that is deployed; the default) or `tiny` (2 x 64, the test model). Random
+weights cost the same compute as trained ones. Timings are printed, never asserted. Needs `make serving-stack`.
 
-    python -m inference.benchmark_handler                      # tiny model, about 20 s on 2 idle cores
-    python -m inference.benchmark_handler --preset base --requests 10
+    python -m inference.benchmark_handler                        # base size, about 6 min on 2 cores
+    python -m inference.benchmark_handler --preset tiny --requests 20
+    python -m inference.benchmark_handler --preset tiny --threads 1,2 --requests 50   # thread counts
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from inference.cli_types import non_negative_int, positive_int, positive_int_lis
 PROG = "python -m inference.benchmark_handler"
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "training" / "data" / "sample"
 # RoBERTa-base's shape, for `--preset base`.
+BASELINE_HANDLER = Path(__file__).resolve().parent / "serving" / "hf_default_handler.py"
 BASE_SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 
 
@@ -86,34 +89,65 @@ def build_model_dir(directory: Path, preset: str) -> Path:
     return directory
 
 
-def run(methods: dict[str, Callable[[list[str]], object]], batches: list[list[str]], warmup: int) -> list[Result]:
-    """Time each method on every batch, taking turns per request; `warmup` untimed rounds first."""
-    for batch in batches[:warmup]:
-        for call in methods.values():
-            call(batch)
-    latencies: dict[str, list[float]] = {name: [] for name in methods}
-    for batch in batches[warmup:]:
-        for name, call in methods.items():
+def post_all(url: str, batches: list[list[str]]) -> list[float]:
+    """Seconds per request for each batch, sent in order over one keep-alive connection; any non-200 raises."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=300)
+    latencies = []
+    try:
+        for batch in batches:
+            body = json.dumps({"inputs": batch}).encode()
             started = time.perf_counter()
-            call(batch)
-            latencies[name].append(time.perf_counter() - started)
-    return [Result(name, len(batches[0]), values, sum(values)) for name, values in latencies.items()]
+            connection.request("POST", "/invocations", body=body, headers={"Content-Type": "application/json"})
+            response = connection.getresponse()
+            answer = response.read()
+            latencies.append(time.perf_counter() - started)
+            if response.status != 200 or len(json.loads(answer)) != len(batch):
+                raise RuntimeError(f"{url}: status {response.status}: {answer[:300]!r}")
+    finally:
+        connection.close()
+    return latencies
+
+
+def run_method(archive: Path, quantize: str, plan: dict[int, list[list[str]]], warmup: int,
+               log: Path, extra_env: dict[str, str] | None = None) -> dict[int, Result]:
+    """Start the stack on one archive, time every batch size's requests after `warmup` untimed ones, stop."""
+    from inference.local_stack import LocalStack
+
+    results = {}
+    with LocalStack(archive, quantize=quantize, log=log, extra_env=extra_env) as stack:
+        for batch_size, batches in plan.items():
+            post_all(stack.url, batches[:warmup])
+            latencies = post_all(stack.url, batches[warmup:])
+            results[batch_size] = Result("", batch_size, latencies, sum(latencies))
+    return results
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Requests/s and p50/p90 latency of the SageMaker handler vs the transformers pipeline.",
+        description="Requests/s and p50/p90 latency of our handler vs the Hugging Face toolkit's default "
+                    "(a transformers pipeline per request), both through TorchServe and the SageMaker toolkit.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model-dir", help="a saved model or model.tar.gz (default: build one with --preset)")
-    parser.add_argument("--preset", choices=("tiny", "base"), default="tiny",
+    parser.add_argument("--model-dir", help="a saved model directory (default: build one with --preset)")
+    parser.add_argument("--preset", choices=("tiny", "base"), default="base",
                         help="random-weight model to build when no --model-dir is given")
-    parser.add_argument("--requests", type=positive_int, default=100, help="timed requests per batch size")
+    parser.add_argument("--requests", type=positive_int, default=12, help="timed requests per batch size")
     parser.add_argument("--batch-sizes", type=positive_int_list, default=[1, 8, 32], help="texts per request")
-    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed requests first")
-    parser.add_argument("--no-batched-pipeline", action="store_true", help="skip the pipeline(batch_size=n) row")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed requests first")
+    parser.add_argument("--rounds", type=positive_int, default=2,
+                        help="methods take turns this many times, each timing its share of the requests")
+    parser.add_argument("--no-int8", action="store_true", help="skip the handler-int8 row")
+    parser.add_argument("--threads", type=positive_int_list, default=None,
+                        help="instead of the comparison: our handler with each OMP_NUM_THREADS, e.g. 1,2 "
+                             "(how the thread formula in inference/container.py was measured)")
     parser.add_argument("--seed", type=int, default=0, help="seed for choosing the texts")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="append the stacks' output here (default: a temporary file, removed)")
     return parser
 
 
@@ -125,57 +159,65 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def benchmark(args, model_dir: Path) -> int:
-    import torch
+def benchmark(args, model_dir: Path, workdir: Path) -> int:
     import transformers
-    from transformers import pipeline
+    from transformers import AutoConfig
 
-    from inference.serve import Handler
+    from inference.container import worker_threads
+    from inference.local_stack import SERVING_PYTHON
+    from training import package
 
-    handler = Handler(model_dir)
-    loaded = handler.model
-    hooks = handler.module
-    classifier = pipeline("text-classification", model=loaded.model, tokenizer=loaded.tokenizer, device="cpu")
-
-    def ours(texts: list[str]):
-        body = json.dumps({"inputs": texts}).encode()
-        return hooks.output_fn(hooks.predict_fn(hooks.input_fn(body, "application/json"), loaded), "application/json")
-
-    methods: dict[str, Callable[[list[str]], object]] = {"handler": ours, "pipeline": lambda texts: classifier(texts)}
-    if not args.no_batched_pipeline:
-        methods["pipeline-batched"] = lambda texts: classifier(texts, batch_size=len(texts))
-
-    config = loaded.model.config
+    ours = workdir / "handler.tar.gz"
+    package.build(model_dir, ours)
+    baseline = workdir / "pipeline.tar.gz"
+    package.build(model_dir, baseline, handler=BASELINE_HANDLER)
+    methods = [("handler", ours, "none", None), *([] if args.no_int8 else [("handler-int8", ours, "int8", None)]),
+               ("pipeline", baseline, "none", None)]
+    if args.threads:
+        methods = [(f"threads={count}", ours, "none", {"OMP_NUM_THREADS": str(count)}) for count in args.threads]
+    config = AutoConfig.from_pretrained(model_dir)
+    cpus = len(os.sched_getaffinity(0))
     print(f"model: {args.model_dir or args.preset + ' (random weights)'}: {config.num_hidden_layers} layers x "
-          f"{config.hidden_size}, {sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f} M parameters; "
-          f"max length {loaded.max_length}")
-    print(f"torch {torch.__version__} with {torch.get_num_threads()} threads on {os.cpu_count()} CPUs, "
-          f"transformers {transformers.__version__}; {args.requests} timed requests per row after "
-          f"{args.warmup} warm-up, methods taking turns")
+          f"{config.hidden_size}")
+    print(f"stack: {SERVING_PYTHON.parent.parent.name} (TorchServe + SageMaker PyTorch toolkit), 1 worker, "
+          f"OMP_NUM_THREADS={worker_threads(cpus, 1)} on {cpus} CPUs, transformers {transformers.__version__}; "
+          f"{args.requests} timed requests per row, in {args.rounds} rounds of methods taking turns, "
+          f"{args.warmup} warm-up per start")
     texts = sample_texts()
-    agreement = _agreement(ours, classifier, make_batches(texts, 32, 2, args.seed + 1))
-    print(f"same labels as the pipeline on 64 texts: {agreement}")
-    print()
-    header = (f"{'batch':>5}  {'method':<17}{'req/s':>9}{'texts/s':>10}{'p50 ms':>9}{'p90 ms':>9}"
-              f"  {'handler speed-up':>16}")
-    print(header)
-    print("-" * len(header))
+    plan = {size: make_batches(texts, size, args.requests + args.warmup, args.seed) for size in args.batch_sizes}
+    log = args.log or workdir / "stacks.log"
     load_before = _load_average()
     started = time.perf_counter()
+    results: dict[str, dict[int, Result]] = {}
+    # Rounds take turns (A B C, A B C, ...), each timing its share of the requests, so load from other work
+    # on the machine falls on every method alike; the rows pool every round's requests.
+    for round_index in range(args.rounds):
+        share = {size: [*batches[:args.warmup], *batches[args.warmup:][round_index::args.rounds]]
+                 for size, batches in plan.items()}
+        for name, archive, quantize, extra_env in methods:
+            timed = run_method(archive, quantize, share, args.warmup, log, extra_env)
+            for size, result in timed.items():
+                pooled = results.setdefault(name, {}).setdefault(size, Result(name, size, [], 0.0))
+                pooled.latencies += result.latencies
+                pooled.elapsed += result.elapsed
+            print(f"  round {round_index + 1}/{args.rounds} {name}: done", flush=True)
+    print()
+    header = (f"{'batch':>5}  {'method':<14}{'req/s':>9}{'texts/s':>10}{'p50 ms':>10}{'p90 ms':>10}"
+              f"  {'vs ' + methods[-1][0]:>16}")
+    print(header)
+    print("-" * len(header))
     for batch_size in args.batch_sizes:
-        batches = make_batches(texts, batch_size, args.requests + args.warmup, args.seed)
-        results = run(methods, batches, args.warmup)
-        ours_rate = results[0].requests_per_second
-        for result in results:
+        reference = results[methods[-1][0]][batch_size].requests_per_second
+        for name, *_ in methods:
+            result = results[name][batch_size]
             rate = result.requests_per_second
-            ratio = "" if result.method == "handler" else f"{ours_rate / rate:.2f}x"
-            print(f"{batch_size:>5}  {result.method:<17}{rate:>9.1f}{rate * batch_size:>10.1f}"
-                  f"{result.percentile(50) * 1000:>9.1f}{result.percentile(90) * 1000:>9.1f}  {ratio:>16}",
-                  flush=True)
-    print(f"\n{time.perf_counter() - started:.0f} s of timing; load average before {load_before}, after "
-          f"{_load_average()} (other work on the machine skews absolute figures, turn-taking keeps ratios fair).")
-    print("Speed-up = handler req/s / that method's req/s (goal: >= 2x the plain pipeline on batches).")
-    handler.close()
+            print(f"{batch_size:>5}  {name:<14}{rate:>9.2f}{rate * batch_size:>10.1f}"
+                  f"{result.percentile(50) * 1000:>10.1f}{result.percentile(90) * 1000:>10.1f}"
+                  f"  {rate / reference:>15.2f}x")
+    print(f"\n{time.perf_counter() - started:.0f} s; load average before {load_before}, after {_load_average()} "
+          "(other work on the machine skews the figures).")
+    print(f"vs {methods[-1][0]} = that method's req/s / {methods[-1][0]}'s req/s"
+          + ("" if args.threads else " (goal: >= 2x at batches 8 and 32)."))
     return 0
 
 
@@ -186,32 +228,28 @@ def _load_average() -> str:
         return "unknown"
 
 
-def _agreement(ours, classifier, batches: list[list[str]]) -> str:
-    same = total = 0
-    worst = 0.0
-    for batch in batches:
-        mine = json.loads(ours(batch)[0])
-        theirs = classifier(batch)
-        for a, b in zip(mine, theirs, strict=True):
-            total += 1
-            same += a["label"] == b["label"].lower()
-            worst = max(worst, abs(a["score"] - b["score"]))
-    return f"{same}/{total} (largest score difference {worst:.1e}; ties of a random model may flip)"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _quiet_transformers()
-    if args.model_dir:
-        from inference.serve import ModelDirError
+    from inference.local_stack import StackError
+    from training.package import PackageError
 
+    with tempfile.TemporaryDirectory(prefix=f"bench-{args.preset}-") as directory:
+        workdir = Path(directory)
         try:
-            return benchmark(args, Path(args.model_dir))
-        except ModelDirError as error:
+            if args.model_dir:
+                model_dir = Path(args.model_dir)
+                if not model_dir.is_dir():
+                    raise PackageError(f"--model-dir {model_dir}: no such directory")
+            else:
+                model_dir = build_model_dir(workdir / "model", args.preset)
+            return benchmark(args, model_dir, workdir)
+        except PackageError as error:
             print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2
-    with tempfile.TemporaryDirectory(prefix=f"bench-{args.preset}-") as directory:
-        return benchmark(args, build_model_dir(Path(directory), args.preset))
+        except (StackError, RuntimeError) as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":

@@ -1,9 +1,13 @@
 """Serve the handler over HTTP with the SageMaker container's contract, so the endpoint can be tried offline.
 
-`GET /ping` answers 200 once the model is loaded; `POST /invocations` runs `input_fn` -> `predict_fn` ->
-`output_fn` like the container's toolkit does, with the same status codes for client errors. The handler is
-loaded the way the container loads it: `<model dir>/code/inference.py` when the archive carries one, else this
-repository's `inference/inference.py`. `--model-dir` takes a saved model directory or a `model.tar.gz`.
+A light server for quick tries; `make serve-local` (`inference.local_stack`) runs the endpoint's real stack.
+`GET /ping` answers 200 once the model is loaded; `POST /invocations` hands each request to the SageMaker
+toolkit's own request path (`sagemaker_inference.transformer.Transformer.transform`, through the archive's
+`code/sentiment_service.py`, as TorchServe does), so decoding, status codes and error bodies cannot drift from
+the endpoint's. What differs: one Python process instead of TorchServe's Java front end and workers, so
+latencies are lower than the endpoint's; measure speed with `make bench-handler`. The handler is loaded the way
+the container loads it: `<model dir>/code/inference.py` when the archive carries one, else this repository's
+`inference/inference.py`. `--model-dir` takes a saved model directory or a `model.tar.gz`.
 
     python -m inference.serve --model-dir artifacts/model.tar.gz --port 8080
 """
@@ -15,12 +19,14 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import signal
 import sys
 import tarfile
 import tempfile
 import threading
 import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
@@ -68,6 +74,41 @@ def load_handler_module(model_dir: Path) -> ModuleType:
     return module
 
 
+def load_service_module(model_dir: Path) -> ModuleType:
+    """`code/sentiment_service.py` from the model directory, else the repository's."""
+    shipped = model_dir / "code" / "sentiment_service.py"
+    if not shipped.is_file():
+        return importlib.import_module("inference.sentiment_service")
+    spec = importlib.util.spec_from_file_location(f"model_code_service_{abs(hash(str(shipped)))}", shipped)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Context:
+    """The parts of TorchServe's request context the toolkit's Transformer reads and writes."""
+
+    model_name = "model"
+
+    def __init__(self, model_dir: Path, content_type: str | None, accept: str | None):
+        headers = {}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if accept is not None:
+            headers["Accept"] = accept
+        self.system_properties = {"model_dir": str(model_dir)}
+        self.request_processor = [types.SimpleNamespace(get_request_properties=lambda: headers)]
+        self.status = 200
+        self.content_type = None
+
+    def set_response_status(self, code, phrase=None, idx=0):
+        self.status = int(code)
+
+    def set_response_content_type(self, idx, value):
+        self.content_type = value
+
+
 def _error_body(status: int, message: str) -> bytes:
     return (json.dumps({"error": message, "status": status}) + "\n").encode()
 
@@ -84,27 +125,36 @@ class Handler:
         started = time.perf_counter()
         self.model = self.module.model_fn(str(self.model_dir))
         self.load_seconds = time.perf_counter() - started
+        self.transformer = self._transformer()
         # One request at a time: torch already spreads each forward pass over every thread it was given.
         self._lock = threading.Lock()
 
+    def _transformer(self):
+        """The archive's SentimentTransformer, set up as its `validate_and_initialize` would for this module.
+
+        The toolkit imports the handler by module name (`inference`), which here is this repository's package;
+        so the loaded module's hooks are bound directly, looked up per call (tests may replace one).
+        """
+        from sagemaker_inference import environment
+
+        transformer = load_service_module(self.model_dir).SentimentTransformer()
+        transformer._environment = environment.Environment()
+        transformer._model = self.model
+        transformer._input_fn = lambda body, content_type: self.module.input_fn(body, content_type)
+        transformer._predict_fn = lambda data, model: self.module.predict_fn(data, model)
+        transformer._output_fn = lambda prediction, accept: self.module.output_fn(prediction, accept)
+        transformer._transform_fn = transformer._default_transform_fn
+        transformer._initialized = True
+        return transformer
+
     def invoke(self, body: bytes, content_type: str | None, accept: str | None) -> tuple[int, bytes, str]:
-        """(status, body, content type) for one request; client errors keep their 4xx, the rest is 500."""
-        try:
-            with self._lock:
-                data = self.module.input_fn(body, content_type)
-                prediction = self.module.predict_fn(data, self.model)
-                result = self.module.output_fn(prediction, accept)
-        except Exception as error:
-            status = getattr(error, "status_code", None)
-            if isinstance(status, int) and 400 <= status < 600 and hasattr(error, "message"):
-                # The toolkit sends the message (one JSON line here) followed by a traceback; we send the line.
-                return status, (str(error.message) + "\n").encode(), JSON
-            LOG.exception("invocation failed")
-            return 500, _error_body(500, f"internal error: {type(error).__name__}"), JSON
-        response, response_type = result if isinstance(result, tuple) else (result, accept or JSON)
+        """(status, body, content type) for one request, from the toolkit's `Transformer.transform`."""
+        context = _Context(self.model_dir, content_type, accept)
+        with self._lock:
+            response = self.transformer.transform([{"body": body}], context)[0]
         if isinstance(response, str):
             response = response.encode()
-        return 200, response, response_type
+        return context.status, response, context.content_type or JSON
 
     def close(self) -> None:
         if self._workdir is not None:
@@ -253,4 +303,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Skip interpreter finalization: with torch's thread pools and daemon request threads still around it
+    # could abort (SIGABRT, exit -6) on a busy machine after a clean stop.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -13,6 +13,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from inference import container as inference_container
 from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus
@@ -39,21 +40,11 @@ def graviton_image_uri(region: str, pytorch_version: str) -> str:
 
 
 def container_environment(config: SentimentSettings, region: str) -> dict[str, str]:
-    """The handler's contract plus the Graviton tuning the AWS images document."""
-    threads = max(1, vcpus(config.instance_type) // config.workers)
-    return {
-        "SAGEMAKER_PROGRAM": "inference.py",
-        "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
-        "SAGEMAKER_CONTAINER_LOG_LEVEL": "20",
-        "SAGEMAKER_REGION": region,
-        "SAGEMAKER_MODEL_SERVER_WORKERS": str(config.workers),
-        "OMP_NUM_THREADS": str(threads),
-        "MAX_BATCH": str(config.max_batch),
-        "DNNL_DEFAULT_FPMATH_MODE": "BF16",
-        "LRU_CACHE_CAPACITY": "1024",
-        "THP_MEM_ALLOC_ENABLE": "1",
-        "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
-    }
+    """The handler's contract plus the Graviton tuning the AWS images document (inference/container.py, which
+    `make serve-local` also uses, so the local stack runs with exactly this)."""
+    return inference_container.container_environment(vcpus=vcpus(config.instance_type), workers=config.workers,
+                                                     max_batch=config.max_batch, region=region,
+                                                     quantize=config.quantize)
 
 
 def check(config: SentimentSettings) -> None:

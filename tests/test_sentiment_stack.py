@@ -44,7 +44,9 @@ def test_model_is_isolated_in_private_subnets_with_the_handler_and_graviton_tuni
     assert env["SAGEMAKER_SUBMIT_DIRECTORY"] == "/opt/ml/model/code"
     assert env["DNNL_DEFAULT_FPMATH_MODE"] == "BF16"
     assert env["LRU_CACHE_CAPACITY"] == "1024" and env["THP_MEM_ALLOC_ENABLE"] == "1"
-    assert env["OMP_NUM_THREADS"] == "8"  # 16 vCPUs of ml.c7g.4xlarge over 2 workers
+    # 16 vCPUs of ml.c7g.4xlarge: 2 kept for TorchServe's front end, 14 over 2 workers (inference/container.py).
+    assert env["OMP_NUM_THREADS"] == "7"
+    assert env["TS_DEFAULT_SERVICE_HANDLER"] == "sentiment_service:handle"  # 4xx for bad bytes, JSON errors
     groups = template.find_resources("AWS::EC2::SecurityGroup")
     assert all("SecurityGroupIngress" not in g["Properties"] for g in groups.values())
 
@@ -137,7 +139,19 @@ def test_vcpus(instance_type, count):
 
 def test_threads_split_vcpus_between_workers():
     config = load_settings("dev", {"sentiment.instance_type": "ml.c7g.2xlarge", "sentiment.workers": "4"}).sentiment
-    assert container_environment(config, "us-west-2")["OMP_NUM_THREADS"] == "2"
+    assert container_environment(config, "us-west-2")["OMP_NUM_THREADS"] == "1"  # (8 - 1 front end) // 4
+
+
+@pytest.mark.parametrize(("vcpu_count", "workers", "threads"), [
+    (1, 1, 1), (2, 1, 2), (4, 1, 4), (4, 2, 2), (8, 1, 7), (16, 1, 14), (16, 2, 7), (64, 4, 14), (8, 8, 1),
+])
+def test_worker_threads_leave_the_front_end_a_core(vcpu_count, workers, threads):
+    from inference.container import front_end_vcpus, worker_threads
+
+    assert worker_threads(vcpu_count, workers) == threads
+    spare = vcpu_count - front_end_vcpus(vcpu_count)
+    if workers <= spare:  # more workers than spare cores get one thread each, and share
+        assert worker_threads(vcpu_count, workers) * workers <= spare
 
 
 def test_a_non_graviton_instance_is_refused():
@@ -177,3 +191,14 @@ def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_v
             assert graviton_image_uri(region, version) == image_uris.retrieve(
                 "pytorch", region=region, version=version, image_scope="inference_graviton",
                 instance_type="ml.c7g.4xlarge")
+
+
+def test_int8_quantization_is_a_setting_off_by_default():
+    from stacks.settings import SettingsError
+
+    config = load_settings("dev").sentiment
+    assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "none"
+    config = load_settings("dev", {"sentiment.quantize": "int8"}).sentiment
+    assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "int8"
+    with pytest.raises(SettingsError, match=r"sentiment\.quantize"):
+        load_settings("dev", {"sentiment.quantize": "fp8"})

@@ -1,10 +1,10 @@
 """Build the model.tar.gz that SageMaker's PyTorch serving container loads.
 
-Layout: model and tokenizer files at the root, `code/inference.py` (the handler from `inference/`)
-and `code/requirements.txt`. With `--wheelhouse` the archive also carries the handler's wheels in
-`code/wheels/` and the requirements install from them alone (`--no-index`), so an endpoint with
-network isolation can start. The model directory and the finished archive are both checked before
-anything is written to `--output`.
+Layout: model and tokenizer files at the root, `code/inference.py` (the handler from `inference/`),
+`code/sentiment_service.py` (the handler service that keeps client errors 4xx) and `code/requirements.txt`.
+With `--wheelhouse` the archive also carries the handler's wheels in `code/wheels/` and the requirements
+install from them alone (`--no-index`), so an endpoint with network isolation can start. The model directory
+and the finished archive are both checked before anything is written to `--output`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from training import LABELS
 PROG = "python -m training.package"
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_HANDLER = ROOT / "inference" / "inference.py"
+# The TorchServe handler service the stack selects (TS_DEFAULT_SERVICE_HANDLER): 4xx and one-line JSON errors.
+SERVICE = ROOT / "inference" / "sentiment_service.py"
 # What the handler needs on top of the serving image (owned, like the handler, by inference/).
 HANDLER_REQUIREMENTS = ROOT / "inference" / "requirements.txt"
 WHEELS_DIR = "wheels"
@@ -175,7 +177,8 @@ def verify_archive(path: Path) -> list[str]:
 
     with tarfile.open(path, "r:gz") as archive:
         names = archive.getnames()
-        required = ["config.json", "tokenizer_config.json", "code/inference.py", "code/requirements.txt"]
+        required = ["config.json", "tokenizer_config.json", "code/inference.py", "code/requirements.txt",
+                    f"code/{SERVICE.name}"]
         missing = [name for name in required if name not in names]
         if not any(name in names for name in WEIGHT_FILES + WEIGHT_INDEXES):
             missing.append(" or ".join(WEIGHT_FILES))
@@ -228,6 +231,7 @@ def build(
             for path in model_files:
                 archive.add(path, arcname=path.name, filter=_normalise)
             archive.add(handler, arcname="code/inference.py", filter=_normalise)
+            archive.add(SERVICE, arcname=f"code/{SERVICE.name}", filter=_normalise)
             _add_bytes(archive, "code/requirements.txt", archive_requirements(requirements, bool(wheels)).encode())
             for wheel in wheels:
                 archive.add(wheel, arcname=f"code/{WHEELS_DIR}/{wheel.name}", filter=_normalise)

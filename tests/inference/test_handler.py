@@ -205,3 +205,28 @@ def test_repository_handler_is_the_shipped_one(extracted):
 
     repository = Path(__file__).resolve().parents[2] / "inference" / "inference.py"
     assert (extracted / "code" / "inference.py").read_bytes() == repository.read_bytes()
+
+
+def test_length_buckets_give_one_padded_batch_s_answers_in_input_order(handler, loaded):
+    import torch
+
+    texts = ["ok", "a much longer text " * 12, "mid length text here", "x", *[f"text number {i} " * (i % 5 + 1)
+                                                                           for i in range(14)]]
+    answers = handler.predict_fn(handler.Request(texts, top_k=3), loaded)
+    batch = loaded.tokenizer(texts, padding=True, truncation=True, max_length=loaded.max_length, return_tensors="pt")
+    with torch.inference_mode():
+        expected = loaded.model(**batch).logits.softmax(dim=-1)
+    for row, probabilities in zip(answers, expected.tolist(), strict=True):
+        for entry in row:
+            assert abs(entry["score"] - probabilities[loaded.labels.index(entry["label"])]) < 1e-4
+
+
+def test_int8_quantization_is_opt_in_and_checked(handler, extracted, monkeypatch):
+    monkeypatch.setenv("SENTIMENT_QUANTIZE", "int8")
+    quantized = handler.model_fn(str(extracted))
+    assert quantized.quantize == "int8"
+    assert "quantized.dynamic" in type(quantized.model.classifier.dense).__module__
+    assert len(handler.predict_fn(handler.Request(["fine", "bad"]), quantized)) == 2
+    monkeypatch.setenv("SENTIMENT_QUANTIZE", "fp16")
+    with pytest.raises(ValueError, match="SENTIMENT_QUANTIZE='fp16' must be one of none, int8"):
+        handler.model_fn(str(extracted))
