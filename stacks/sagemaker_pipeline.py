@@ -18,7 +18,7 @@ from stacks.base import EnvironmentStack
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.nag import acknowledge
 from stacks.sagemaker_training import RUN_PREFIX, TRAINING_REPOSITORY, Resources, pipeline_definition
-from stacks.sentiment import GRAVITON_IMAGES, graviton_image_uri
+from stacks.sentiment import GRAVITON_IMAGES, container_environment, graviton_image_uri
 from stacks.serving_wheels import wheel_target
 from stacks.settings import REPO_ROOT, Settings, SettingsError
 
@@ -77,6 +77,7 @@ class SageMakerTrainingStack(EnvironmentStack):
             inference_instance_type=settings.sentiment.instance_type,
             model_package_group=group,
             serving_python=wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES).python,
+            inference_environment=container_environment(settings.sentiment, self.region),
         )
         self.definition = pipeline_definition(config, resources)
         name = pipeline_name(settings)

@@ -61,6 +61,8 @@ class Resources:
     model_package_group: str
     # The sentiment image's Python (stacks.serving_wheels): the archive's wheels must install there.
     serving_python: str = "3.12"
+    # The sentiment stack's container environment (our handler service, threads), so the package hosts as is.
+    inference_environment: dict[str, str] | None = None
 
 
 def has_local_nvme(instance_type: str) -> bool:
@@ -146,7 +148,9 @@ def register_request(config: TrainingSettings, resources: Resources) -> dict:
         "ModelApprovalStatus": "PendingManualApproval",
         "InferenceSpecification": {
             "Containers": [{"Image": resources.inference_image,
-                            "ModelDataUrl": {"Get": f"Steps.{TRAIN_STEP}.ModelArtifacts.S3ModelArtifacts"}}],
+                            "ModelDataUrl": {"Get": f"Steps.{TRAIN_STEP}.ModelArtifacts.S3ModelArtifacts"},
+                            **({"Environment": resources.inference_environment}
+                               if resources.inference_environment else {})}],
             "SupportedContentTypes": ["application/json"],
             "SupportedResponseMIMETypes": ["application/json"],
             "SupportedRealtimeInferenceInstanceTypes": [resources.inference_instance_type],

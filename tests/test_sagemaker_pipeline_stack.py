@@ -373,3 +373,11 @@ def test_archive_wheels_are_fetched_for_the_hosting_images_python(definition, mo
     assert environment["SERVING_PYTHON"] == expected
     monkeypatch.setenv("SERVING_PYTHON", "3.11")
     assert sagemaker_entry.build_parser().parse_args([]).python_version == "3.11"
+
+
+def test_registered_package_carries_the_sentiment_stacks_container_environment(definition):
+    """Deployed from the registry directly, the worker must still load our handler service (issue 15)."""
+    register = _request(definition["Steps"][1]["Arguments"]["IfSteps"][0])
+    container = register["InferenceSpecification"]["Containers"][0]
+    assert container["Environment"]["TS_DEFAULT_SERVICE_HANDLER"] == "sentiment_service:handle"
+    assert int(container["Environment"]["OMP_NUM_THREADS"]) >= 1

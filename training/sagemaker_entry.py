@@ -199,6 +199,8 @@ def make_hostable(model_dir: Path, *, handler: Path, requirements_file: Path, wh
     code = model_dir / "code"
     code.mkdir(exist_ok=True)
     shutil.copyfile(handler, code / "inference.py")
+    # The stack selects this handler service (TS_DEFAULT_SERVICE_HANDLER); without it the worker does not load.
+    shutil.copyfile(package.SERVICE, code / package.SERVICE.name)
     (code / "requirements.txt").write_text(package.archive_requirements(requirements, bool(wheels)))
     if wheels:
         (code / package.WHEELS_DIR).mkdir(exist_ok=True)

@@ -109,7 +109,7 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
     model_dir = two_nodes[0][0] / "model"
     names = {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()}
     assert {"config.json", "model.safetensors", "tokenizer_config.json", "code/inference.py",
-            "code/requirements.txt"} <= names
+            "code/requirements.txt", f"code/{package.SERVICE.name}"} <= names
     assert not any(name.startswith("checkpoint") for name in names)
     assert (model_dir / "code" / "inference.py").read_text() == package.DEFAULT_HANDLER.read_text()
     # SageMaker tars /opt/ml/model as is; the packaging checks accept that archive.
