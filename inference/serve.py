@@ -62,28 +62,26 @@ def resolve_model_dir(path: str | Path) -> tuple[Path, tempfile.TemporaryDirecto
     return path, workdir
 
 
-def load_handler_module(model_dir: Path) -> ModuleType:
-    """`code/inference.py` from the model directory, as the container imports it, else the repository's."""
-    shipped = model_dir / "code" / "inference.py"
+def _load_model_code(model_dir: Path, name: str, fallback: str) -> ModuleType:
+    """`code/<name>.py` from the model directory, as the container imports it, else the repository's module."""
+    shipped = model_dir / "code" / f"{name}.py"
     if not shipped.is_file():
-        return importlib.import_module("inference.inference")
-    spec = importlib.util.spec_from_file_location(f"model_code_inference_{abs(hash(str(shipped)))}", shipped)
+        return importlib.import_module(fallback)
+    spec = importlib.util.spec_from_file_location(f"model_code_{name}_{abs(hash(str(shipped)))}", shipped)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 
 
+def load_handler_module(model_dir: Path) -> ModuleType:
+    """`code/inference.py` from the model directory, else the repository's."""
+    return _load_model_code(model_dir, "inference", "inference.inference")
+
+
 def load_service_module(model_dir: Path) -> ModuleType:
     """`code/sentiment_service.py` from the model directory, else the repository's."""
-    shipped = model_dir / "code" / "sentiment_service.py"
-    if not shipped.is_file():
-        return importlib.import_module("inference.sentiment_service")
-    spec = importlib.util.spec_from_file_location(f"model_code_service_{abs(hash(str(shipped)))}", shipped)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return _load_model_code(model_dir, "sentiment_service", "inference.sentiment_service")
 
 
 class _Context:
