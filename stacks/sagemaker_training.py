@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from stacks.instances import has_instance_storage
 from stacks.settings import TrainingSettings
 
 DEFINITION_VERSION = "2020-12-01"
@@ -28,10 +29,6 @@ METRIC_DEFINITIONS = [
     for split in ("validation", "test") for name in ("accuracy", "recall_macro", "f1_macro")
 ] + [{"Name": "train:loss", "Regex": r"'loss': '?([0-9]*\.[0-9]+)"},
      {"Name": "eval:recall_macro", "Regex": r"'eval_recall_macro': '?([0-9]*\.[0-9]+)"}]
-# Instance families whose storage is local NVMe, encrypted by the instance's hardware: CreateTrainingJob refuses
-# a VolumeKmsKeyId for them (botocore's ResourceConfig.VolumeKmsKeyId documentation).
-LOCAL_NVME_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "trn1", "trn1n",
-                       "trn2", "m5d", "c5d", "r5d")
 # ContainerEntrypoint: unpack the training code channel, then run the bootstrap it carries (each entrypoint and
 # argument item may be at most 256 characters). The arguments after it are train_sentiment's flags.
 ENTRYPOINT = [
@@ -65,10 +62,6 @@ class Resources:
     inference_environment: dict[str, str] | None = None
 
 
-def has_local_nvme(instance_type: str) -> bool:
-    return instance_type.removeprefix("ml.").split(".")[0] in LOCAL_NVME_FAMILIES
-
-
 def trainer_arguments(config: TrainingSettings) -> list[str]:
     """The same flags the EC2 path passes (stacks.training.train_args), one list item each."""
     from stacks.training import train_args
@@ -89,7 +82,9 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         "InstanceCount": config.instance_count,
         "VolumeSizeInGB": config.volume_gib,
     }
-    if not has_local_nvme(config.sagemaker_instance_type):
+    # Local NVMe is encrypted by the instance's hardware, and CreateTrainingJob refuses a VolumeKmsKeyId for it
+    # (botocore's ResourceConfig.VolumeKmsKeyId documentation).
+    if not has_instance_storage(config.sagemaker_instance_type):
         resource_config["VolumeKmsKeyId"] = resources.key_arn
     stopping: dict[str, int] = {"MaxRuntimeInSeconds": config.max_hours * 3600}
     request: dict[str, Any] = {

@@ -16,7 +16,8 @@ import pytest
 from botocore.validate import ParamValidator
 
 from stacks import sagemaker_training
-from stacks.sagemaker_training import GATE_METRIC, has_local_nvme
+from stacks.instances import has_instance_storage
+from stacks.sagemaker_training import GATE_METRIC
 from stacks.settings import settings_from_context
 
 ACCOUNT = "123456789012"
@@ -226,7 +227,7 @@ def test_kms_volume_key_is_set_where_the_instance_has_ebs_storage():
     ebs = settings_from_context({**base, "training.instance_type": "p3.16xlarge"}).training
     resources = sagemaker_training.Resources("b", "arn:key", "arn:role", "sg", ["s"], "s3://c/a.zip", "s3://c/b.zip",
                                              "image", "image", "ml.c7g.4xlarge", "group")
-    assert has_local_nvme(nvme.sagemaker_instance_type) and not has_local_nvme(ebs.sagemaker_instance_type)
+    assert has_instance_storage(nvme.sagemaker_instance_type) and not has_instance_storage(ebs.sagemaker_instance_type)
     assert "VolumeKmsKeyId" not in sagemaker_training.training_request(nvme, resources)["ResourceConfig"]
     assert sagemaker_training.training_request(ebs, resources)["ResourceConfig"]["VolumeKmsKeyId"] == "arn:key"
     on_demand = sagemaker_training.training_request(settings_from_context(base).training, resources)
