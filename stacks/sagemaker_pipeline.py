@@ -76,7 +76,7 @@ class SageMakerTrainingStack(EnvironmentStack):
             inference_image=graviton_image_uri(self.region, settings.sentiment.pytorch_version),
             inference_instance_type=settings.sentiment.instance_type,
             model_package_group=group,
-            serving_python=wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES).python,
+            serving_wheels=wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES),
             inference_environment=container_environment(settings.sentiment, self.region),
         )
         self.definition = pipeline_definition(config, resources)

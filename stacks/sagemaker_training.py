@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stacks.instances import has_instance_storage
+from stacks.serving_wheels import WheelTarget
 from stacks.settings import TrainingSettings
 
 DEFINITION_VERSION = "2020-12-01"
@@ -56,8 +57,8 @@ class Resources:
     inference_image: str
     inference_instance_type: str
     model_package_group: str
-    # The sentiment image's Python (stacks.serving_wheels): the archive's wheels must install there.
-    serving_python: str = "3.12"
+    # The sentiment image's Python and platforms (stacks.serving_wheels): the model's wheels must install there.
+    serving_wheels: WheelTarget | None = None
     # The sentiment stack's container environment (our handler service, threads), so the package hosts as is.
     inference_environment: dict[str, str] | None = None
 
@@ -112,7 +113,9 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         "CheckpointConfig": {"S3Uri": run_uri(resources, "checkpoints/"), "LocalPath": CHECKPOINT_LOCAL_PATH},
         # Unbuffered, so the metric lines reach the log (and the MetricDefinitions) as they are printed.
         "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
-                        "SERVING_PYTHON": resources.serving_python},
+                        **({"SERVING_PYTHON": resources.serving_wheels.python,
+                            "SERVING_PLATFORMS": resources.serving_wheels.platform_flags()}
+                           if resources.serving_wheels else {})},
     }
     if config.spot:
         request["EnableManagedSpotTraining"] = True

@@ -191,6 +191,18 @@ def verify_archive(path: Path) -> list[str]:
     return names
 
 
+def code_members(handler: Path, requirements: list[str], wheels: list[Path]) -> dict[str, Path | bytes]:
+    """What goes under code/, by archive name: the one statement of the serving layout, for this archive and for
+    the model directory SageMaker training tars as is (training.sagemaker_entry)."""
+    members: dict[str, Path | bytes] = {
+        "code/inference.py": handler,
+        f"code/{SERVICE.name}": SERVICE,
+        "code/requirements.txt": archive_requirements(requirements, bool(wheels)).encode(),
+    }
+    members.update({f"code/{WHEELS_DIR}/{wheel.name}": wheel for wheel in wheels})
+    return members
+
+
 def build(
     model_dir: Path,
     output: Path,
@@ -230,11 +242,11 @@ def build(
         with tarfile.open(temporary, "w:gz") as archive:
             for path in model_files:
                 archive.add(path, arcname=path.name, filter=_normalise)
-            archive.add(handler, arcname="code/inference.py", filter=_normalise)
-            archive.add(SERVICE, arcname=f"code/{SERVICE.name}", filter=_normalise)
-            _add_bytes(archive, "code/requirements.txt", archive_requirements(requirements, bool(wheels)).encode())
-            for wheel in wheels:
-                archive.add(wheel, arcname=f"code/{WHEELS_DIR}/{wheel.name}", filter=_normalise)
+            for name, source in code_members(handler, requirements, wheels).items():
+                if isinstance(source, bytes):
+                    _add_bytes(archive, name, source)
+                else:
+                    archive.add(source, arcname=name, filter=_normalise)
         names = verify_archive(Path(temporary))
         shutil.move(temporary, output)
     finally:

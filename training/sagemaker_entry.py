@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -174,13 +175,20 @@ def torchrun_command(cluster: Cluster, train_args: list[str], *, model_dir: Path
 
 
 def download_wheels(requirements: list[str], dest: Path, python: str) -> list[Path]:
-    """The handler's wheels for the Graviton serving image, as the EC2 path fetches them (pip download)."""
+    """The handler's wheels for the Graviton serving image, as the EC2 path fetches them (pip download).
+
+    The platform flags are the ones the stack rendered from the sentiment image (stacks/serving_wheels.py,
+    SERVING_PLATFORMS, as for the EC2 run script); without them, the Graviton image's own two tags."""
     from training import package
 
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
                "--python-version", python, "-d", str(dest)]
-    for platform_tag in package.DEFAULT_PLATFORMS[:2]:
-        command += ["--platform", platform_tag]
+    platform_flags = os.environ.get("SERVING_PLATFORMS")
+    if platform_flags:
+        command += shlex.split(platform_flags)
+    else:
+        for platform_tag in package.DEFAULT_PLATFORMS[:2]:
+            command += ["--platform", platform_tag]
     subprocess.run([*command, *requirements], check=True)
     return sorted(dest.glob("*.whl"))
 
@@ -196,16 +204,13 @@ def make_hostable(model_dir: Path, *, handler: Path, requirements_file: Path, wh
         package.check_wheelhouse(wheels, requirements, python, list(package.DEFAULT_PLATFORMS))
     for name in package.SKIPPED_FILES:
         (model_dir / name).unlink(missing_ok=True)
-    code = model_dir / "code"
-    code.mkdir(exist_ok=True)
-    shutil.copyfile(handler, code / "inference.py")
-    # The stack selects this handler service (TS_DEFAULT_SERVICE_HANDLER); without it the worker does not load.
-    shutil.copyfile(package.SERVICE, code / package.SERVICE.name)
-    (code / "requirements.txt").write_text(package.archive_requirements(requirements, bool(wheels)))
-    if wheels:
-        (code / package.WHEELS_DIR).mkdir(exist_ok=True)
-        for wheel in wheels:
-            shutil.copyfile(wheel, code / package.WHEELS_DIR / wheel.name)
+    for name, source in package.code_members(handler, requirements, wheels).items():
+        target = model_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(source, bytes):
+            target.write_bytes(source)
+        else:
+            shutil.copyfile(source, target)
 
 
 def build_parser() -> argparse.ArgumentParser:

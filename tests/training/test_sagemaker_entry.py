@@ -232,9 +232,20 @@ def test_vendored_wheels_go_into_code_and_install_offline(trained, tmp_path):
 
 def test_wheels_are_downloaded_for_the_graviton_image(monkeypatch, tmp_path):
     calls = []
+    monkeypatch.delenv("SERVING_PLATFORMS", raising=False)
     monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
     sagemaker_entry.download_wheels(["torch==2.6.0"], tmp_path, "3.12")
     text = " ".join(calls[0])
     assert "pip download" in text and "--only-binary=:all: --python-version 3.12" in text
     assert "--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64" in text
     assert text.endswith("torch==2.6.0")
+
+
+def test_wheel_platforms_rendered_by_the_stack_win(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setenv("SERVING_PLATFORMS", "--platform manylinux2014_aarch64")
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
+    sagemaker_entry.download_wheels(["torch==2.6.0"], tmp_path, "3.11")
+    text = " ".join(calls[0])
+    assert "--python-version 3.11" in text and text.count("--platform") == 1
+    assert "--platform manylinux2014_aarch64 torch==2.6.0" in text
