@@ -42,3 +42,8 @@ def test_a_requirements_file_without_the_line_or_with_a_bad_tag_is_refused(tmp_p
     path.write_text("# base-image: pytorch-training:latest\n")
     with pytest.raises(ValueError, match="'latest' is not a"):
         base_image(path)
+
+
+def test_sagemaker_backend_runs_the_same_image_release():
+    """The SageMaker flavour of the named image: same torch, Python and CUDA, only the -sagemaker suffix."""
+    assert TrainingSettings().sagemaker_image_tag == base_image().tag.removesuffix("-ec2") + "-sagemaker"
