@@ -84,7 +84,7 @@ e2e: install-dev  ## deploy the smoke environment in a real account, prove every
 # make falcon-benchmark ENV=dev MODES=dynamic,rolling_paged SHAPES=32x128 ARGS="--keep"; HELP=1 (or ARGS=--help)
 # prints the tool's help: GNU make answers `make falcon-benchmark --help` itself, before reading this file.
 falcon-benchmark: install-dev  ## deploy each Falcon batching mode, load-test it, tear down, compare (costs money; HELP=1)
-	$(PY) -m inference.falcon_benchmark $(if $(HELP),--help,--env $(ENV) $(if $(MODES),--modes $(MODES)) \
+	$(PY) -m inference.llm.falcon_benchmark $(if $(HELP),--help,--env $(ENV) $(if $(MODES),--modes $(MODES)) \
 	  $(if $(SHAPES),--shapes $(SHAPES)) $(ARGS))
 
 # make train ENV=dev; ARGS="--attach <execution ARN>" follows a running one; HELP=1 (or ARGS=--help) prints the help.
@@ -94,13 +94,13 @@ train: install-dev  ## start ENV's SageMaker training pipeline (training.backend
 
 MODEL ?= artifacts/tiny-model
 serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 on the image's stack
-	$(PY) -m inference.local_stack --model $(MODEL) --port 8080
+	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port 8080
 
 bench-handler: install-dev  ## our handler vs the HF toolkit's pipeline default on the real stack (RoBERTa-base size)
-	$(PY) -m inference.benchmark_handler $(ARGS)
+	$(PY) -m inference.sentiment.benchmark_handler $(ARGS)
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
-	$(PY) -m inference.loadtest --url $(URL) $(ARGS)
+	$(PY) -m inference.llm.loadtest --url $(URL) $(ARGS)
 
 train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, about 20 s, then classify
 	$(PY) -m training.train_sentiment --model-name-or-path tiny \
@@ -113,15 +113,15 @@ clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build
 
 # The serving stack of the endpoint's image (TorchServe + SageMaker PyTorch toolkit, versions and their source in
-# inference/serving/requirements.txt) in its own venv: it pins setuptools<81 and torchserve's dependencies apart
+# inference/sentiment/serving/requirements.txt) in its own venv: it pins setuptools<81 and torchserve's dependencies apart
 # from the project's. Java 17 comes from Debian only when no java is on PATH.
 SERVING_VENV := .venv-serving
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
-$(SERVING_VENV)/.installed: inference/serving/requirements.txt
+$(SERVING_VENV)/.installed: inference/sentiment/serving/requirements.txt
 	command -v java >/dev/null || { $(SUDO) apt-get update -qq && \
 	  $(SUDO) apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless; }
 	test -x $(SERVING_VENV)/bin/python || python3 -m venv $(SERVING_VENV)
-	$(SERVING_VENV)/bin/python -m pip install --quiet -r inference/serving/requirements.txt
+	$(SERVING_VENV)/bin/python -m pip install --quiet -r inference/sentiment/serving/requirements.txt
 	touch $@
 
 serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java, as the Graviton image has them

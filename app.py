@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
+from settings import SettingsError
 from stacks.environment import build_app, new_app
 from stacks.nag import add_checks
-from stacks.settings import SettingsError
 
 
 def main() -> int:

@@ -1,1 +1,1 @@
-"""Serving the sentiment model: the SageMaker handler, a local server, a client and a benchmark."""
+"""Serving code, one package per product: `inference.sentiment` (the Graviton endpoint) and `inference.llm` (LMI)."""

@@ -9,8 +9,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from settings import ArtifactSettings, Settings
 from stacks.base import EnvironmentStack
-from stacks.settings import ArtifactSettings, Settings
 
 
 class ArtifactsStack(EnvironmentStack):

@@ -6,7 +6,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.settings import LOG_RETENTION_DAYS, Settings
+from settings import LOG_RETENTION_DAYS, Settings
 
 
 class EnvironmentStack(cdk.Stack):

@@ -9,10 +9,10 @@ from typing import Any
 import aws_cdk as cdk
 from constructs import Construct
 
+from settings import CDK_JSON, Settings
 from stacks.artifacts import ArtifactsStack
 from stacks.network import NetworkStack
 from stacks.operations import OperationsStack
-from stacks.settings import CDK_JSON, Settings
 
 
 @dataclass
@@ -68,7 +68,7 @@ def build_app(app: cdk.App) -> Settings:
 
     Raises SettingsError for bad settings, including what only a stack can check (GPU memory, instance families).
     """
-    from stacks.settings import load_settings, overrides_from_context, settings_from_context
+    from settings import load_settings, overrides_from_context, settings_from_context
 
     context = app.node.get_all_context()
     settings = settings_from_context(context)

@@ -1,6 +1,6 @@
 """Falcon on the LMI (DJL Serving) container: a SageMaker endpoint whose configuration is checked before deploy.
 
-The settings are checked by inference.lmi first: a combination the container or the GPUs cannot run stops synth
+The settings are checked by inference.llm.lmi first: a combination the container or the GPUs cannot run stops synth
 with one line, instead of failing at endpoint start after a long, paid wait.
 """
 
@@ -20,10 +20,10 @@ from aws_cdk import custom_resources as cr
 from aws_cdk.aws_applicationautoscaling import CfnScalableTarget, CfnScalingPolicy
 from constructs import Construct
 
-from inference import lmi
+from inference.llm import lmi
+from settings import FalconSettings, Settings
 from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.nag import acknowledge
-from stacks.settings import FalconSettings, Settings
 
 VARIANT = "AllTraffic"  # stays the same across endpoint configs, so updates and autoscaling keep working
 # SageMaker ends a real-time invocation after 60 s; p90 above this means requests are close to timing out.

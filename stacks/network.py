@@ -8,8 +8,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from settings import EndpointSettings, Settings
 from stacks.base import EnvironmentStack, log_retention
-from stacks.settings import EndpointSettings, Settings
 
 # Setting name -> the interface endpoint service it switches.
 INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {

@@ -16,12 +16,12 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from settings import REPO_ROOT, Settings
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
 from stacks.nag import acknowledge
 from stacks.powertools import layer_directory
 from stacks.sentiment import graviton_image_uri
-from stacks.settings import REPO_ROOT, Settings
 
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
 METRICS_NAMESPACE = "MlRecipes"

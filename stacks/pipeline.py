@@ -13,9 +13,9 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import pipelines
 from constructs import Construct
 
+from settings import Settings
 from stacks.environment import EnvironmentStacks, build_environment
 from stacks.nag import acknowledge
-from stacks.settings import Settings
 
 
 class EnvironmentStage(cdk.Stage):

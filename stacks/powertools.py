@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from stacks.settings import REPO_ROOT, SettingsError
+from settings import REPO_ROOT, SettingsError
 
 # Packages the layer holds: Powertools and its two required dependencies (pure Python, any architecture).
 # boto3 and botocore come with the Lambda Python runtime.

@@ -13,6 +13,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
+from settings import REPO_ROOT, Settings, SettingsError
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
@@ -20,7 +21,6 @@ from stacks.nag import acknowledge
 from stacks.sagemaker_training import RUN_PREFIX, TRAINING_REPOSITORY, Resources, pipeline_definition
 from stacks.sentiment import GRAVITON_IMAGES, container_environment, graviton_image_uri
 from stacks.serving_wheels import wheel_target
-from stacks.settings import REPO_ROOT, Settings, SettingsError
 
 _ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", "model", "checkpoints", "*.tar.gz"]
 SERVICE = "sagemaker.amazonaws.com"

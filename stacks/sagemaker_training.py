@@ -13,9 +13,9 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from settings import TrainingSettings
 from stacks.instances import has_instance_storage
 from stacks.serving_wheels import WheelTarget
-from stacks.settings import TrainingSettings
 
 DEFINITION_VERSION = "2020-12-01"
 TRAINING_REPOSITORY = "pytorch-training"

@@ -13,12 +13,12 @@ from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from inference import container as inference_container
+from inference.sentiment import container as inference_container
+from settings import SentimentSettings, Settings, SettingsError
 from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus
 from stacks.nag import acknowledge
-from stacks.settings import SentimentSettings, Settings, SettingsError
 
 # PyTorch version -> (repository, tag, Python of the image). The repository changed name at 2.5.
 GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
@@ -40,7 +40,7 @@ def graviton_image_uri(region: str, pytorch_version: str) -> str:
 
 
 def container_environment(config: SentimentSettings, region: str) -> dict[str, str]:
-    """The handler's contract plus the Graviton tuning the AWS images document (inference/container.py, which
+    """The handler's contract plus the Graviton tuning the AWS images document (inference/sentiment/container.py, which
     `make serve-local` also uses, so the local stack runs with exactly this)."""
     return inference_container.container_environment(vcpus=vcpus(config.instance_type), workers=config.workers,
                                                      max_batch=config.max_batch, region=region,
@@ -179,7 +179,8 @@ class SentimentStack(EnvironmentStack):
 
         cdk.CfnOutput(self, "EndpointName", value=self.endpoint_name, description="Sentiment endpoint")
         cdk.CfnOutput(self, "PredictCommand",
-                      value=(f"python -m inference.predict --endpoint {self.endpoint_name} --region {self.region} "
+                      value=(f"python -m inference.sentiment.predict --endpoint {self.endpoint_name} "
+                             f"--region {self.region} "
                              "'Covid cases are increasing fast!'"),
                       description="Try the endpoint")
         cdk.CfnOutput(self, "LogGroupName", value=f"/aws/sagemaker/Endpoints/{self.endpoint_name}",

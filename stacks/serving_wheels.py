@@ -1,7 +1,7 @@
 """Which wheels the model archive carries: the Python and platform of the configured hosting image.
 
 The endpoint runs with network isolation, so `pip download` on the training instance fetches the handler's
-wheels (inference/requirements.txt) for the sentiment image, not for the training image. Python comes from
+wheels (inference/sentiment/requirements.txt) for the sentiment image, not for the training image. Python comes from
 the image tag (FACTS: the 2.4.0 Graviton image runs Python 3.11, the 2.6.0 arm64 image Python 3.12);
 the platform is linux aarch64 (Graviton). A combination that cannot work is refused at synth.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from stacks.settings import REPO_ROOT, SettingsError
+from settings import REPO_ROOT, SettingsError
 
-INFERENCE_REQUIREMENTS = REPO_ROOT / "inference" / "requirements.txt"
+INFERENCE_REQUIREMENTS = REPO_ROOT / "inference" / "sentiment" / "requirements.txt"
 # glibc 2.35 (Ubuntu 22.04) on arm64 installs both tags; pip tries them in order.
 AARCH64_PLATFORMS = ("manylinux_2_28_aarch64", "manylinux2014_aarch64")
 # What each pinned transformers release requires of its host, from its wheel's METADATA
@@ -59,7 +59,7 @@ def wheel_target(pytorch_version: str, images: dict[str, tuple[str, str, str]],
     transformers_version = transformers_version or pinned("transformers")
     needs = TRANSFORMERS_NEEDS.get(transformers_version)
     if needs is None:
-        raise ValueError(f"transformers {transformers_version} (inference/requirements.txt) is not in "
+        raise ValueError(f"transformers {transformers_version} (inference/sentiment/requirements.txt) is not in "
                          "stacks/serving_wheels.py TRANSFORMERS_NEEDS: add what its METADATA requires")
     if _version(python)[:2] < needs["python"]:
         raise SettingsError(key, pytorch_version,
@@ -69,6 +69,6 @@ def wheel_target(pytorch_version: str, images: dict[str, tuple[str, str, str]],
         allowed = [v for v in sorted(images) if _version(v)[:2] >= needs["torch"]]
         raise SettingsError(key, pytorch_version,
                             f"an image with torch >= {'.'.join(map(str, needs['torch']))}, which transformers "
-                            f"{transformers_version} (inference/requirements.txt) requires: "
+                            f"{transformers_version} (inference/sentiment/requirements.txt) requires: "
                             + ", ".join(allowed))
     return WheelTarget(python, AARCH64_PLATFORMS)

@@ -12,6 +12,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_registry, dlc_repository_arn
@@ -19,7 +20,6 @@ from stacks.instances import NVME_MOUNT, has_instance_storage
 from stacks.nag import acknowledge
 from stacks.sentiment import GRAVITON_IMAGES
 from stacks.serving_wheels import wheel_target
-from stacks.settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
 
 USER_DATA_SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
 TRAINING_REPOSITORY = "pytorch-training"

@@ -1,7 +1,7 @@
 """What DJL Serving does at start with a model folder and an environment, per release branch, in plain Python.
 
-Written from DJL Serving's own source (github.com/deepjavalibrary/djl-serving), not from inference.lmi: each step
-names the file and branch it encodes. tests/test_lmi_conformance.py runs every configuration inference.lmi renders
+Written from DJL Serving's own source (github.com/deepjavalibrary/djl-serving), not from inference.llm.lmi: each step
+names the file and branch it encodes. tests/test_lmi_conformance.py runs every configuration inference.llm.lmi renders
 through `start()` and compares what the container would do with what the settings and the README promise.
 
 Branches read: 0.23.0-dlc (the recipe's 0.23.0 image), 0.33.0-dlc, 0.35.0-dlc, 0.36.0-lmi27-dlc. Only the steps

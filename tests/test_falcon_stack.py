@@ -10,8 +10,8 @@ import sys
 import pytest
 from aws_cdk.assertions import Match
 
-from inference import lmi
-from stacks.settings import SettingsError, load_settings
+from inference.llm import lmi
+from settings import SettingsError, load_settings
 from tests.conftest import REPO_ROOT, read_templates, synthesize
 
 HUB = {"falcon.enabled": "true"}

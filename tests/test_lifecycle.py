@@ -11,8 +11,8 @@ import re
 
 import pytest
 
+from settings import SettingsError, load_settings
 from stacks.sentiment import MAX_EXECUTION_TIMEOUT_RANGE_S, PROVISIONING_ALLOWANCE_S, blue_green_policy
-from stacks.settings import SettingsError, load_settings
 from tests.conftest import synthesize
 
 MODEL = {"sentiment.enabled": "true",

@@ -1,4 +1,4 @@
-"""inference.lmi: the LMI rendering in each era, each rule passing and failing, the recipe's sizing numbers, the CLI.
+"""inference.llm.lmi: LMI rendering in each era, each rule passing and failing, the recipe's sizing numbers, the CLI.
 
 Pure Python and fast: no aws_cdk, no synth.
 """
@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from inference import lmi
-from inference.lmi.cli import main
-from stacks.settings import FalconSettings, SettingsError, load_settings
+from inference.llm import lmi
+from inference.llm.lmi.cli import main
+from settings import FalconSettings, SettingsError, load_settings
 from tests.conftest import REPO_ROOT
 
 DEFAULT = FalconSettings(model_revision="0123456789abcdef0123456789abcdef01234567")  # pinned: no warning
@@ -398,7 +398,7 @@ def test_image_uris_agree_with_the_sagemaker_sdk():
 
 
 def test_every_selectable_version_has_an_image_and_rules():
-    from stacks.settings import LMI_VERSIONS
+    from settings import LMI_VERSIONS
 
     assert set(LMI_VERSIONS) == set(lmi.IMAGE_TAGS) == set(lmi.VERSIONS)
     with pytest.raises(SettingsError, match=r"falcon\.lmi_version"):
@@ -463,7 +463,7 @@ def test_cli_usage(capsys):
 def test_module_runs_without_aws_cdk_and_exits_1_on_a_bad_combination():
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "inference.lmi", "sizing", "--instance-type", "ml.g5.2xlarge"],
+        [sys.executable, "-X", "importtime", "-m", "inference.llm.lmi", "sizing", "--instance-type", "ml.g5.2xlarge"],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]

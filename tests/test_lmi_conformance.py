@@ -1,9 +1,9 @@
-"""Every configuration inference.lmi renders, run through DJL Serving's start-up as its source says it behaves.
+"""Every configuration inference.llm.lmi renders, run through DJL Serving's start-up as its source says it behaves.
 
 tests/lmi_container.py encodes DJL Serving's code per release branch (each step cites its file). Here every offered
 version x batching mode x output form (environment, serving.properties) x weights source (hub, S3) is started
 there, and what the container would do is compared with what the README's table promises (EXPECTED below, written
-from the README and DJL's code, not from inference.lmi.versions). A second group replays the forms the stack used
+from the README and DJL's code, not from inference.llm.lmi.versions). A second group replays the forms the stack used
 to deploy, to show the container model catches the faults the issue found.
 """
 
@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from inference import lmi
-from stacks.settings import FalconSettings, SettingsError
+from inference.llm import lmi
+from settings import FalconSettings, SettingsError
 from tests.lmi_container import (
     FALCON_HUB_CONFIG,
     FALCON_RW_CONFIG,

@@ -15,10 +15,10 @@ import botocore.session
 import pytest
 from botocore.validate import ParamValidator
 
+from settings import settings_from_context
 from stacks import sagemaker_training
 from stacks.instances import has_instance_storage
 from stacks.sagemaker_training import GATE_METRIC
-from stacks.settings import settings_from_context
 
 ACCOUNT = "123456789012"
 EXECUTION_ID = "a1b2c3d4e5f6"

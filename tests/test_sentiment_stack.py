@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aws_cdk.assertions import Match
 
+from settings import SettingsError, load_settings
 from stacks.sentiment import GRAVITON_IMAGES, check, container_environment, graviton_image_uri, vcpus
-from stacks.settings import SettingsError, load_settings
 
 MODEL_URL = "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"
 
@@ -44,7 +44,7 @@ def test_model_is_isolated_in_private_subnets_with_the_handler_and_graviton_tuni
     assert env["SAGEMAKER_SUBMIT_DIRECTORY"] == "/opt/ml/model/code"
     assert env["DNNL_DEFAULT_FPMATH_MODE"] == "BF16"
     assert env["LRU_CACHE_CAPACITY"] == "1024" and env["THP_MEM_ALLOC_ENABLE"] == "1"
-    # 16 vCPUs of ml.c7g.4xlarge: 2 kept for TorchServe's front end, 14 over 2 workers (inference/container.py).
+    # 16 vCPUs of ml.c7g.4xlarge: 2 kept for TorchServe's front end, 14 over 2 workers (sentiment/container.py).
     assert env["OMP_NUM_THREADS"] == "7"
     assert env["TS_DEFAULT_SERVICE_HANDLER"] == "sentiment_service:handle"  # 4xx for bad bytes, JSON errors
     groups = template.find_resources("AWS::EC2::SecurityGroup")
@@ -122,7 +122,7 @@ def test_execution_role_is_least_privilege(synthesized):
 def test_outputs_name_the_endpoint_and_how_to_call_it(synthesized):
     outputs = synthesized("prod-sentiment").template("sentiment").to_json()["Outputs"]
     assert outputs["EndpointName"]["Value"] == "prod-sentiment"
-    assert "python -m inference.predict --endpoint prod-sentiment" in outputs["PredictCommand"]["Value"]
+    assert "python -m inference.sentiment.predict --endpoint prod-sentiment" in outputs["PredictCommand"]["Value"]
 
 
 def test_image_table_covers_both_repository_names():
@@ -146,7 +146,7 @@ def test_threads_split_vcpus_between_workers():
     (1, 1, 1), (2, 1, 2), (4, 1, 4), (4, 2, 2), (8, 1, 7), (16, 1, 14), (16, 2, 7), (64, 4, 14), (8, 8, 1),
 ])
 def test_worker_threads_leave_the_front_end_a_core(vcpu_count, workers, threads):
-    from inference.container import front_end_vcpus, worker_threads
+    from inference.sentiment.container import front_end_vcpus, worker_threads
 
     assert worker_threads(vcpu_count, workers) == threads
     spare = vcpu_count - front_end_vcpus(vcpu_count)
@@ -194,7 +194,7 @@ def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_v
 
 
 def test_int8_quantization_is_a_setting_off_by_default():
-    from stacks.settings import SettingsError
+    from settings import SettingsError
 
     config = load_settings("dev").sentiment
     assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "none"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from settings import SettingsError
 from stacks.sentiment import GRAVITON_IMAGES
 from stacks.serving_wheels import AARCH64_PLATFORMS, TRANSFORMERS_NEEDS, pinned, wheel_target
-from stacks.settings import SettingsError
 
 
 def test_default_image_gets_python_312_aarch64_wheels():

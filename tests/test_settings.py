@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from stacks.settings import SettingsError, known_settings, load_settings, read_environments, settings_from_context
+from settings import SettingsError, known_settings, load_settings, read_environments, settings_from_context
 
 
 def test_no_env_means_dev_with_documented_defaults():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stacks.settings import load_settings
+from settings import load_settings
 
 
 def test_smoke_settings_are_the_cheap_versions():

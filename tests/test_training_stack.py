@@ -198,8 +198,8 @@ def test_zone_and_capacity_reservation(synthesized):
      ["sentiment.pytorch_version='2.4.0'", "torch >= 2.6", "transformers 5.20.0", "2.6.0"]),
 ])
 def test_settings_the_training_stack_refuses(overrides, fragments):
+    from settings import SettingsError, load_settings
     from stacks.environment import build_environment, new_app
-    from stacks.settings import SettingsError, load_settings
 
     settings = load_settings("prod", {"training.enabled": "true", **overrides})
     with pytest.raises(SettingsError) as caught:

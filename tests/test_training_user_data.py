@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks.settings import REPO_ROOT
+from settings import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
 

@@ -26,11 +26,11 @@ from training import LABELS
 
 PROG = "python -m training.package"
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_HANDLER = ROOT / "inference" / "inference.py"
+DEFAULT_HANDLER = ROOT / "inference" / "sentiment" / "inference.py"
 # The TorchServe handler service the stack selects (TS_DEFAULT_SERVICE_HANDLER): 4xx and one-line JSON errors.
-SERVICE = ROOT / "inference" / "sentiment_service.py"
+SERVICE = ROOT / "inference" / "sentiment" / "sentiment_service.py"
 # What the handler needs on top of the serving image (owned, like the handler, by inference/).
-HANDLER_REQUIREMENTS = ROOT / "inference" / "requirements.txt"
+HANDLER_REQUIREMENTS = ROOT / "inference" / "sentiment" / "requirements.txt"
 WHEELS_DIR = "wheels"
 # The Graviton PyTorch inference image (pytorch-inference-arm64 2.6): CPython 3.12, glibc 2.35.
 DEFAULT_PYTHON = "3.12"

@@ -35,7 +35,7 @@ class SetupError(RuntimeError):
 
 def pipeline_name(env: str) -> tuple[str, str]:
     """(pipeline name, region) for an environment, as stacks/sagemaker_pipeline.py names it."""
-    from stacks.settings import SettingsError, load_settings
+    from settings import SettingsError, load_settings
 
     try:
         settings = load_settings(env)

@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
+from settings import REPO_ROOT, Settings, SettingsError, load_settings
 from stacks.instances import vcpus
-from stacks.settings import REPO_ROOT, Settings, SettingsError, load_settings
 
 ENVIRONMENT = "smoke"
 PARTS = ("training", "sentiment", "falcon")
@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None, *, account: Account | None = None, runne
 
         account = Account(boto3.Session())
     if loadtest is None:
-        from inference import loadtest as loadtest_module
+        from inference.llm import loadtest as loadtest_module
 
         loadtest = loadtest_module.main
     smoke = SmokeTest(settings=settings, account=account, runner=runner or CdkRunner(), loadtest=loadtest,

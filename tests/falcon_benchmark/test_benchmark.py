@@ -13,9 +13,9 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from inference import loadtest
-from inference.falcon_benchmark import cli
-from inference.falcon_benchmark.aws import Account, CdkRunner
+from inference.llm import loadtest
+from inference.llm.falcon_benchmark import cli
+from inference.llm.falcon_benchmark.aws import Account, CdkRunner
 from tests.fake_lmi import FakeLmi, sagemaker_runtime
 
 FAKE_CDK = Path(__file__).with_name("fake_cdk.py")
@@ -300,16 +300,16 @@ def test_help_documents_the_run_both_ways():
     help_text = cli.build_parser().format_help()
     for words in ("make falcon-benchmark", "ARGS=--help", "Exit status", "tears down", "$20/h", "--keep"):
         assert words in help_text or words in cli.DESCRIPTION + cli.EPILOG
-    done = subprocess.run([sys.executable, "-m", "inference.falcon_benchmark", "--help"], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "inference.llm.falcon_benchmark", "--help"], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0 and "InService" in done.stdout
 
 
 @pytest.mark.parametrize(("variables", "expected"), [
-    (["HELP=1"], "-m inference.falcon_benchmark --help"),
-    (["ARGS=--help"], "-m inference.falcon_benchmark --env dev --help"),
+    (["HELP=1"], "-m inference.llm.falcon_benchmark --help"),
+    (["ARGS=--help"], "-m inference.llm.falcon_benchmark --env dev --help"),
     (["ENV=staging", "MODES=dynamic,rolling_paged", "SHAPES=32x128"],
-     "-m inference.falcon_benchmark --env staging --modes dynamic,rolling_paged --shapes 32x128"),
+     "-m inference.llm.falcon_benchmark --env staging --modes dynamic,rolling_paged --shapes 32x128"),
 ])
 def test_make_target_passes_its_variables(variables, expected):
     root = Path(__file__).resolve().parents[2]

@@ -45,7 +45,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def archive(model_dir, tmp_path_factory) -> Path:
-    """model.tar.gz built by training.package from the repository's inference/inference.py."""
+    """model.tar.gz built by training.package from the repository's inference/sentiment/inference.py."""
     from training import package
 
     output = tmp_path_factory.mktemp("archive") / "model.tar.gz"

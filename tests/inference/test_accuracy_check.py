@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference import accuracy_check
+from inference.sentiment import accuracy_check
 
 
 def test_int8_is_compared_with_the_unoptimized_model_on_the_sample(model_dir, capsys):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from inference import benchmark_handler, local_stack
+from inference.sentiment import benchmark_handler, local_stack
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from inference import generate
+from inference.llm import generate
 from tests.fake_lmi import FakeLmi, sagemaker_runtime
 
 

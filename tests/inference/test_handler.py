@@ -203,7 +203,7 @@ def test_client_error_matches_the_toolkit_constructor(handler):
 def test_repository_handler_is_the_shipped_one(extracted):
     from pathlib import Path
 
-    repository = Path(__file__).resolve().parents[2] / "inference" / "inference.py"
+    repository = Path(__file__).resolve().parents[2] / "inference" / "sentiment" / "inference.py"
     assert (extracted / "code" / "inference.py").read_bytes() == repository.read_bytes()
 
 

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from inference import local_stack
+from inference.sentiment import local_stack
 
 pytestmark = pytest.mark.skipif(
     not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
@@ -122,7 +122,7 @@ def test_the_worker_keeps_serving_after_errors(stack):
 def test_a_saved_model_directory_gets_the_code_an_archive_carries(model_dir, tmp_path):
     local_stack.extract(model_dir, tmp_path / "model")
     assert (tmp_path / "model" / "code" / "inference.py").read_text() == (
-        local_stack.ROOT / "inference" / "inference.py").read_text()
+        local_stack.ROOT / "inference" / "sentiment" / "inference.py").read_text()
     assert (tmp_path / "model" / "code" / "sentiment_service.py").is_file()
 
 

@@ -1,4 +1,5 @@
-"""`python -m inference.local_stack` as a user runs it: SIGTERM ends it with status 0 and nothing left running.
+"""`python -m inference.sentiment.local_stack` as a user runs it:
+SIGTERM ends it with status 0 and nothing left running.
 
 A separate module from test_local_stack.py: the toolkit allows one TorchServe per machine, and that module's
 stack runs until its last test.
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from inference import local_stack
+from inference.sentiment import local_stack
 
 pytestmark = pytest.mark.skipif(
     not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.skipif(
 
 def _cli(archive, port, log):
     return subprocess.Popen(
-        [sys.executable, "-m", "inference.local_stack", "--model", str(archive), "--port", str(port), "--log", log],
+        [sys.executable, "-m", "inference.sentiment.local_stack", "--model", str(archive),
+         "--port", str(port), "--log", log],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         cwd=local_stack.ROOT, start_new_session=True,
     )

@@ -11,7 +11,7 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from inference import predict, serve
+from inference.sentiment import predict, serve
 
 
 def _body(data: bytes) -> StreamingBody:

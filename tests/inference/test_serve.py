@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from inference import serve
+from inference.sentiment import serve
 
 GOOD = json.dumps({"inputs": ["lovely weather", "terrible service"]}).encode()
 
@@ -103,7 +103,7 @@ def test_unexpected_exception_is_a_500_and_the_server_survives(server, monkeypat
 def test_model_dir_without_code_uses_the_repository_handler(model_dir):
     handler = serve.Handler(model_dir)
     try:
-        assert handler.module.__name__ == "inference.inference"
+        assert handler.module.__name__ == "inference.sentiment.inference"
         status, body, content_type = handler.invoke(GOOD, "application/json", None)
         assert (status, content_type) == (200, "application/json") and len(json.loads(body)) == 2
     finally:
@@ -130,7 +130,7 @@ def test_bad_model_dir_exits_2(tmp_path, capsys, kind):
 
 @pytest.mark.slow
 def test_cli_serves_an_archive_and_stops_cleanly_on_sigterm(archive):
-    """`python -m inference.serve` as a user runs it: ready line, /ping, then SIGTERM ends it with status 0."""
+    """`python -m inference.sentiment.serve` as a user runs it: ready line, /ping, SIGTERM ends it with 0."""
     import os
     import re
     import signal
@@ -139,9 +139,9 @@ def test_cli_serves_an_archive_and_stops_cleanly_on_sigterm(archive):
     import time
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "inference.serve", "--model-dir", str(archive), "--port", "0"],
+        [sys.executable, "-m", "inference.sentiment.serve", "--model-dir", str(archive), "--port", "0"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        cwd=serve.Path(serve.__file__).resolve().parents[1],
+        cwd=serve.Path(serve.__file__).resolve().parents[2],
     )
     try:
         deadline = time.monotonic() + 60

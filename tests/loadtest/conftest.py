@@ -118,8 +118,8 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def sentiment_server(sample_texts, tmp_path_factory, one_torch_thread):
-    """`inference.serve.make_server` on a random-weight tiny RoBERTa classifier, on an ephemeral port."""
-    from inference import serve
+    """`inference.sentiment.serve.make_server` on a random-weight tiny RoBERTa classifier, on an ephemeral port."""
+    from inference.sentiment import serve
     from training import tiny
 
     tokenizer = tiny.build_tokenizer(sample_texts)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from inference import loadtest, loadtest_report
-from inference.loadtest_report import Sample
+from inference.llm import loadtest, loadtest_report
+from inference.llm.loadtest_report import Sample
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -15,7 +15,7 @@ def saved_run(path, label, scale):
     """A report.json like a three-step sweep would write, with made-up but plausible numbers."""
     steps = [loadtest_report.summarize([Sample(0.5 * concurrency / scale, output=128)] * 8, 2.0, concurrency)
              for concurrency in (1, 4, 16)]
-    report = {"tool": "inference.loadtest", "label": label, "kind": "llm", "unit": "tokens",
+    report = {"tool": "inference.llm.loadtest", "label": label, "kind": "llm", "unit": "tokens",
               "shape": {"input_tokens": 32, "output_tokens": 128}, "token_counter": "tokenizer falcon",
               "target": {"type": "sagemaker", "endpoint": label, "region": "us-west-2"}, "steps": steps}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from inference import loadtest
+from inference.llm import loadtest
 
 
 def run(argv, tmp_path):

@@ -12,7 +12,7 @@ from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, Re
 from botocore.response import StreamingBody
 from botocore.stub import ANY, Stubber
 
-from inference import loadtest
+from inference.llm import loadtest
 
 ENDPOINT = "falcon-rolling"
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from inference import loadtest_report as reports
-from inference.loadtest_report import Sample
+from inference.llm import loadtest_report as reports
+from inference.llm.loadtest_report import Sample
 
 
 def test_percentiles_interpolate_linearly_between_ranks():

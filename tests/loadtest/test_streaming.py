@@ -10,8 +10,8 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from inference import loadtest
-from inference.llm_stream import TokenStream, read_stream, sagemaker_chunks, stream_payload
+from inference.llm import loadtest
+from inference.llm.stream import TokenStream, read_stream, sagemaker_chunks, stream_payload
 from tests.fake_lmi import FakeLmi, sagemaker_runtime
 
 
@@ -62,7 +62,7 @@ def test_stream_payload_always_sends_max_new_tokens_and_stream_only_when_asked()
 
 
 def test_hand_made_stream_errors_become_stream_failed():
-    from inference.llm_stream import StreamFailed
+    from inference.llm.stream import StreamFailed
 
     chunks = sagemaker_chunks([{"PayloadPart": {"Bytes": b"a"}},
                                {"ModelStreamError": {"Message": "broken", "ErrorCode": "X"}}])

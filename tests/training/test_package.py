@@ -69,7 +69,7 @@ def test_layout_matches_the_serving_container(trained, tmp_path, capsys):
     with tarfile.open(output, "r:gz") as tar:
         handler = tar.extractfile("code/inference.py").read()
         requirements = tar.extractfile("code/requirements.txt").read().decode()
-    assert handler == (REPO / "inference" / "inference.py").read_bytes()
+    assert handler == (REPO / "inference" / "sentiment" / "inference.py").read_bytes()
     assert "transformers==" in requirements
     assert "--no-index" not in requirements  # no wheelhouse: the endpoint installs from an index
 

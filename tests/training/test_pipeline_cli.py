@@ -164,8 +164,8 @@ def test_unknown_environment_is_a_setup_error(capsys):
 
 
 def test_pipeline_name_matches_the_stack():
+    from settings import load_settings
     from stacks.sagemaker_pipeline import pipeline_name
-    from stacks.settings import load_settings
 
     assert pipeline_cli.pipeline_name("prod") == (pipeline_name(load_settings("prod")), "us-west-2")
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from stacks.settings import REPO_ROOT, TrainingSettings
+from settings import REPO_ROOT, TrainingSettings
 from training.image import base_image
 
 

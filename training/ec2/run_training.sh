@@ -141,7 +141,7 @@ step "wheelhouse"
 # shellcheck disable=SC2086  # SERVING_PLATFORMS is a list of --platform flags rendered by the stack
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \
   pip download --quiet --only-binary=:all: $SERVING_PLATFORMS \
-  --python-version "$SERVING_PYTHON" -d /opt/ml/work/wheels -r inference/requirements.txt
+  --python-version "$SERVING_PYTHON" -d /opt/ml/work/wheels -r inference/sentiment/requirements.txt
 
 step "package"
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \

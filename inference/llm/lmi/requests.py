@@ -1,0 +1,39 @@
+"""What a client sends: one request body, and the one that streams tokens back (InvokeEndpointWithResponseStream).
+
+- 0.33 and later (vLLM async service): `"stream": true` at the top level of the body
+  (lmi_vllm/request_response_utils.py convert_lmi_schema_to_completion_request); the answer is JSON lines
+  (application/jsonlines), one `{"index", "token": {"id", "text", "logprob"}, "generated_text": null, ...}` per
+  token, the last with `generated_text`.
+- 0.23 rolling batch: every answer is sent in chunks as tokens come (engines/python/.../RollingBatch.java,
+  ChunkedBytesSupplier), no request flag. With option.output_formatter=json (default) the chunks form one JSON
+  document `{"generated_text": "..."}`; with jsonlines (falcon.output_formatter) each chunk is one line, a JSON
+  array of token texts (rolling_batch/rolling_batch.py).
+- Dynamic batching streams nothing: 0.23's enable_streaming serves one request per batch, 0.33+ refuse
+  streaming with batch_size > 1 (properties_manager/properties.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+from inference.llm.lmi.versions import LMI_DIST, VLLM, backend
+from settings import FalconSettings
+
+PROMPT = "What is Amazon SageMaker?"
+MAX_NEW_TOKENS = 128  # LMI's default is 30: always send it
+
+
+def request_body(falcon: FalconSettings, prompt: str = PROMPT, max_new_tokens: int = MAX_NEW_TOKENS) -> str:
+    return json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}})
+
+
+def streaming_request_body(falcon: FalconSettings, prompt: str = PROMPT,
+                           max_new_tokens: int = MAX_NEW_TOKENS) -> str | None:
+    """The body that streams tokens in this configuration, or None where nothing streams (dynamic batching)."""
+    runtime = backend(falcon.lmi_version, falcon.batching).runtime
+    body: dict = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}
+    if runtime == VLLM:
+        return json.dumps({**body, "stream": True})
+    if runtime == LMI_DIST:
+        return json.dumps(body)
+    return None

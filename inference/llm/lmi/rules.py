@@ -1,0 +1,136 @@
+"""Rules: each raises SettingsError naming the setting, the value and the real reason; check() runs them all."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from inference.llm.lmi.hardware import gpu_instance
+from inference.llm.lmi.models import CATALOGUE, architecture
+from inference.llm.lmi.sizing import check_memory
+from inference.llm.lmi.versions import LMI_DIST, VLLM, backend, container
+from settings import FalconSettings, SettingsError
+
+TIMEOUT_RANGE = (60, 3600)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FalconSettings)}
+_ROLLING_KEYS = ("max_rolling_batch_size", "max_rolling_batch_prefill_tokens")
+_DYNAMIC_KEYS = ("batch_size", "max_batch_delay_ms")
+
+
+def check_timeouts(falcon: FalconSettings) -> None:
+    """SageMaker accepts start-up health check and download timeouts of 60-3600 s; loading must fit in them."""
+    low, high = TIMEOUT_RANGE
+    for name in ("model_loading_timeout_s", "startup_health_check_timeout_s", "download_timeout_s"):
+        value = getattr(falcon, name)
+        if not low <= value <= high:
+            raise SettingsError(f"falcon.{name}", value, f"{low} to {high} seconds (SageMaker's limits)")
+
+
+def check_health_check_covers_loading(falcon: FalconSettings) -> None:
+    if falcon.startup_health_check_timeout_s < falcon.model_loading_timeout_s:
+        raise SettingsError(
+            "falcon.startup_health_check_timeout_s", falcon.startup_health_check_timeout_s,
+            f"at least falcon.model_loading_timeout_s ({falcon.model_loading_timeout_s}): SageMaker would stop "
+            "the container while the model is still loading")
+
+
+def check_batching_keys(falcon: FalconSettings) -> None:
+    """Dynamic batching and rolling batch are exclusive: a setting of the other mode is a mistake, not a no-op."""
+    dynamic = falcon.batching == "dynamic"
+    foreign = _ROLLING_KEYS if dynamic else _DYNAMIC_KEYS
+    for name in foreign:
+        value = getattr(falcon, name)
+        if value != _DEFAULTS[name]:
+            own = " and ".join(f"falcon.{n}" for n in (_DYNAMIC_KEYS if dynamic else _ROLLING_KEYS))
+            raise SettingsError(
+                f"falcon.{name}", value,
+                f"no change with falcon.batching={falcon.batching} (dynamic batching and rolling batch are "
+                f"mutually exclusive; this mode reads {own})")
+
+
+def check_mode_in_version(falcon: FalconSettings) -> None:
+    backend(falcon.lmi_version, falcon.batching)
+
+
+def check_engine_settings(falcon: FalconSettings) -> None:
+    """gpu_memory_utilization is vLLM's, output_formatter is 0.23 lmi-dist's: elsewhere nothing reads them."""
+    runtime = backend(falcon.lmi_version, falcon.batching).runtime
+    if falcon.gpu_memory_utilization != _DEFAULTS["gpu_memory_utilization"] and runtime != VLLM:
+        raise SettingsError(
+            "falcon.gpu_memory_utilization", falcon.gpu_memory_utilization,
+            f"no change with {falcon.batching} batching on lmi_version {falcon.lmi_version}: only vLLM (rolling_paged "
+            f"on 0.33.0 and later) reads it; {runtime} has no memory share")
+    if falcon.output_formatter != _DEFAULTS["output_formatter"] and runtime != LMI_DIST:
+        raise SettingsError(
+            "falcon.output_formatter", falcon.output_formatter,
+            f"json with {falcon.batching} batching on lmi_version {falcon.lmi_version}: only 0.23.0's rolling batch "
+            "reads option.output_formatter (0.33+ streams per request with \"stream\": true)")
+
+
+def check_revision_is_for_the_hub(falcon: FalconSettings) -> None:
+    if falcon.model_revision and falcon.model_s3_uri:
+        raise SettingsError(
+            "falcon.model_revision", falcon.model_revision,
+            "no revision with falcon.model_s3_uri: the container serves what the S3 prefix holds")
+
+
+def check_engine_is_known_on_023(falcon: FalconSettings) -> None:
+    """0.23 infers the engine from the model's config.json before it reads OPTION_ENGINE (LmiUtils.java)."""
+    if container(falcon.lmi_version).engine_from_environment or falcon.model_id in CATALOGUE:
+        return
+    raise SettingsError(
+        "falcon.model_id", falcon.model_id,
+        f"a catalogue model ({', '.join(sorted(CATALOGUE))}) with lmi_version {falcon.lmi_version}: it picks the "
+        "engine from the model's config.json before it reads OPTION_ENGINE, and only Falcon's model type is known "
+        "here to pick Python")
+
+
+def check_prefill_holds_a_prompt(falcon: FalconSettings) -> None:
+    """Without chunked prefill a prompt is prefilled in one step, so the prefill budget must hold a whole one."""
+    if falcon.batching == "dynamic" or backend(falcon.lmi_version, falcon.batching).runtime == VLLM:
+        return
+    if falcon.max_rolling_batch_prefill_tokens < falcon.max_input_tokens:
+        raise SettingsError(
+            "falcon.max_rolling_batch_prefill_tokens", falcon.max_rolling_batch_prefill_tokens,
+            f"at least falcon.max_input_tokens ({falcon.max_input_tokens}): LMI {falcon.lmi_version} has no chunked "
+            "prefill, so a longer prompt cannot be scheduled")
+
+
+def check_tensor_parallel(falcon: FalconSettings) -> None:
+    """At most the GPU count; for true tensor parallelism (lmi-dist, vLLM) a divisor of the heads.
+
+    In dynamic mode the degree only says over how many GPUs accelerate places whole layers.
+    """
+    _, gpus = gpu_instance(falcon.instance_type)
+    tp = falcon.tensor_parallel_degree
+    if tp > gpus:
+        raise SettingsError("falcon.tensor_parallel_degree", tp,
+                            f"at most {gpus}, the GPU count of one {falcon.instance_type}")
+    arch = architecture(falcon)
+    if falcon.batching == "dynamic":
+        return
+    divisors = [d for d in (1, 2, 4, 8) if d <= gpus and arch.attention_heads % d == 0]
+    if arch.attention_heads % tp:
+        raise SettingsError("falcon.tensor_parallel_degree", tp,
+                            f"a divisor of the {arch.attention_heads} attention heads of {falcon.model_id} "
+                            f"({', '.join(map(str, divisors))} here)")
+    if arch.kv_heads % tp and tp % arch.kv_heads:
+        raise SettingsError("falcon.tensor_parallel_degree", tp,
+                            f"a divisor or multiple of the {arch.kv_heads} KV heads of {falcon.model_id}")
+
+
+def check(falcon: FalconSettings) -> list[str]:
+    """Every rule, cheapest first; raises SettingsError on the first failure, returns warnings."""
+    check_timeouts(falcon)
+    check_health_check_covers_loading(falcon)
+    check_batching_keys(falcon)
+    check_mode_in_version(falcon)
+    check_engine_settings(falcon)
+    check_revision_is_for_the_hub(falcon)
+    check_engine_is_known_on_023(falcon)
+    check_prefill_holds_a_prompt(falcon)
+    check_tensor_parallel(falcon)
+    warnings = check_memory(falcon)
+    if not falcon.model_s3_uri and not falcon.model_revision:
+        warnings.append(f"falcon.model_revision is not set: the container downloads whatever {falcon.model_id}'s "
+                        "main branch holds at start; pin a commit hash for repeatable deploys")
+    return warnings

@@ -1,5 +1,0 @@
-import sys
-
-from inference.lmi.cli import main
-
-sys.exit(main())
