@@ -18,7 +18,7 @@ export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
-.PHONY: install-infra test-infra
+.PHONY: install-infra test-infra image-venv image serve-local-dlc
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -44,7 +44,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
 
-install-dev: install $(VENV)/.dev serving-stack  ## plus test, training and lint tools, and the serving stack
+install-dev: install $(VENV)/.dev serving-stack image-venv  ## plus test, training and lint tools, and both serving stacks
 
 install-infra: install $(VENV)/.infra  ## the app plus the infrastructure tests' tools, no torch (the pipeline's synth step)
 
@@ -93,11 +93,16 @@ train: install-dev  ## start ENV's SageMaker training pipeline (training.backend
 	$(PY) -m training.pipeline_cli $(if $(HELP),--help,--env $(ENV) $(ARGS))
 
 MODEL ?= artifacts/tiny-model
-serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 on the image's stack
-	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port 8080
+PORT ?= 8080
+# The serving image's entry point, run from a venv with the image's pinned requirements: no Docker needed.
+serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) with our server
+	$(IMAGE_VENV)/bin/python -m inference.sentiment.server serve --model-dir $(MODEL) --host 127.0.0.1 --port $(PORT) $(ARGS)
 
-bench-handler: install-dev  ## our handler vs the HF toolkit's pipeline default on the real stack (RoBERTa-base size)
-	$(PY) -m inference.sentiment.benchmark_handler $(ARGS)
+serve-local-dlc: install-dev  ## the same on TorchServe + the SageMaker toolkit (sentiment.runtime=dlc's retired stack)
+	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
+
+bench-handler: install-dev  ## HF toolkit default vs our server fp32 and at the gate's precision, real servers, RoBERTa-base size
+	$(PY) -m inference.sentiment.benchmark_server $(ARGS)
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.llm.loadtest --url $(URL) $(ARGS)
@@ -125,3 +130,19 @@ $(SERVING_VENV)/.installed: inference/sentiment/serving/requirements.txt
 	touch $@
 
 serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java, as the Graviton image has them
+
+# The sentiment serving image's Python packages (inference/sentiment/image/requirements.txt) in their own venv, so
+# `make serve-local` and the server tests run exactly what the image runs (on this machine's Python and CPU torch).
+IMAGE_VENV := .venv-image
+IMAGE_REQUIREMENTS := inference/sentiment/image/requirements.txt
+$(IMAGE_VENV)/.installed: $(IMAGE_REQUIREMENTS)
+	test -x $(IMAGE_VENV)/bin/python || python3 -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/python -m pip install --quiet -r $(IMAGE_REQUIREMENTS)
+	touch $@
+
+image-venv: $(IMAGE_VENV)/.installed  ## the serving image's pinned Python packages in .venv-image (no Docker)
+
+IMAGE_TAG ?= sentiment-server:local
+# Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (README "Sentiment serving image").
+image:  ## build the sentiment serving image for linux/arm64 as IMAGE_TAG (sentiment-server:local)
+	docker buildx build --platform linux/arm64 -f inference/sentiment/image/Dockerfile -t $(IMAGE_TAG) --load .

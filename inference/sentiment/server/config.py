@@ -1,0 +1,125 @@
+"""The server's settings, read once from the environment the stack sets (and overridable on the command line).
+
+Every variable is named here with its default and allowed range, so a bad value stops the server at start with
+one line naming it, instead of failing requests later. The stack fills them from `settings.SentimentSettings`
+(`inference.sentiment.container.server_environment`); `make serve-local` uses the same defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# SageMaker's hosting contract: the model is extracted here, and the container answers on this port.
+SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
+SAGEMAKER_PORT = 8080
+
+MAX_BATCH_SIZE_ENV = "SENTIMENT_MAX_BATCH_SIZE"
+MAX_BATCH_WAIT_MS_ENV = "SENTIMENT_MAX_BATCH_WAIT_MS"
+MAX_QUEUE_ENV = "SENTIMENT_MAX_QUEUE"
+PRECISION_ENV = "SENTIMENT_PRECISION"
+DRAIN_SECONDS_ENV = "SENTIMENT_DRAIN_SECONDS"
+WORKERS_ENV = "SAGEMAKER_MODEL_SERVER_WORKERS"
+THREADS_ENV = "OMP_NUM_THREADS"
+PORT_ENV = "SAGEMAKER_BIND_TO_PORT"
+
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_MAX_BATCH_WAIT_MS = 5
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_DRAIN_SECONDS = 30
+
+
+class ConfigError(ValueError):
+    """A setting the server cannot start with; the message is one line naming the variable."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How one server process runs: where the model is, where to listen, how to batch, how many workers."""
+
+    model_dir: Path = SAGEMAKER_MODEL_DIR
+    host: str = "0.0.0.0"  # every interface: SageMaker connects to the container's port
+    port: int = SAGEMAKER_PORT
+    workers: int = 1
+    threads: int = 1
+    # Texts gathered from concurrent requests into one forward pass, and how long the first one waits for more.
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_batch_wait_ms: int = DEFAULT_MAX_BATCH_WAIT_MS
+    # Texts a worker holds waiting for a forward pass; beyond it a request is answered 503 at once.
+    max_queue: int = DEFAULT_MAX_QUEUE
+    precision: str | None = None  # an override of the model's recorded precision
+    drain_seconds: int = DEFAULT_DRAIN_SECONDS
+
+    def __post_init__(self) -> None:
+        for name, value, low, high in (
+            ("port", self.port, 0, 65535),
+            (WORKERS_ENV, self.workers, 1, 256),
+            (THREADS_ENV, self.threads, 1, 1024),
+            (MAX_BATCH_SIZE_ENV, self.max_batch_size, 1, 1024),
+            (MAX_BATCH_WAIT_MS_ENV, self.max_batch_wait_ms, 0, 1000),
+            (MAX_QUEUE_ENV, self.max_queue, 1, 100_000),
+            (DRAIN_SECONDS_ENV, self.drain_seconds, 1, 3600),
+        ):
+            if not low <= value <= high:
+                raise ConfigError(f"{name}={value}: must be between {low} and {high}")
+
+    @property
+    def max_batch_wait_s(self) -> float:
+        return self.max_batch_wait_ms / 1000
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # honours container CPU sets
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: not an integer") from None
+
+
+def from_env(env: Mapping[str, str] | None = None, **overrides) -> ServerConfig:
+    """The container's settings from `env` (default: this process's), then explicit overrides (the CLI's)."""
+    from inference.sentiment.container import worker_threads
+
+    env = os.environ if env is None else env
+    workers = overrides.pop("workers", None) or _int(env, WORKERS_ENV, 1)
+    if workers < 1:
+        raise ConfigError(f"{WORKERS_ENV}={workers}: must be at least 1")
+    # One formula for the thread budget (inference/sentiment/container.py), unless the environment names it.
+    threads = _int(env, THREADS_ENV, 0) or worker_threads(_usable_cpus(), workers)
+    values = {
+        "model_dir": Path(env.get("SENTIMENT_MODEL_DIR", "") or SAGEMAKER_MODEL_DIR),
+        "port": _int(env, PORT_ENV, SAGEMAKER_PORT),
+        "workers": workers,
+        "threads": threads,
+        "max_batch_size": _int(env, MAX_BATCH_SIZE_ENV, DEFAULT_MAX_BATCH_SIZE),
+        "max_batch_wait_ms": _int(env, MAX_BATCH_WAIT_MS_ENV, DEFAULT_MAX_BATCH_WAIT_MS),
+        "max_queue": _int(env, MAX_QUEUE_ENV, DEFAULT_MAX_QUEUE),
+        "precision": env.get(PRECISION_ENV, "").strip().lower() or None,
+        "drain_seconds": _int(env, DRAIN_SECONDS_ENV, DEFAULT_DRAIN_SECONDS),
+    }
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    return ServerConfig(**values)
+
+
+def worker_environment(config: ServerConfig) -> dict[str, str]:
+    """What each worker process gets on top of the supervisor's environment: its thread budget, fixed.
+
+    Set before the worker imports torch, so OpenMP and oneDNN size their pools from it. Tokenizers' own thread
+    pool is turned off: the texts of a batch are few and short, and its threads would compete with torch's.
+    """
+    return {
+        THREADS_ENV: str(config.threads),
+        "MKL_NUM_THREADS": str(config.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }

@@ -1,0 +1,89 @@
+"""Load the model from a SageMaker model directory and answer a batch of requests in one pass.
+
+Today's `model.tar.gz` loads unchanged: the tokenizer and classifier at its root are read exactly as the
+handler's `model_fn` reads them. The archive's `code/` folder (handler, TorchServe service, requirements,
+wheels) is not used: the image carries our handler (`inference.sentiment.inference`) and every Python
+dependency, so nothing is imported from the archive or installed at start-up.
+
+Precision comes from `inference.sentiment.precision`: the choice recorded in the model directory, unless the
+endpoint overrides it (`SENTIMENT_PRECISION`).
+
+The requests of a batch go through the handler's own `predict_fn` as one list of texts (length-sorted buckets,
+dynamic padding, the model's truncation limit), asking for every label's score; each request then gets its
+own slice, shaped as it asked (best label, or the `top_k` best). So a request's answer is what the handler
+gives it alone, up to float rounding from padding to a different length.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inference.sentiment import inference as handler
+from inference.sentiment import precision as precisions
+
+LOG = logging.getLogger(__name__)
+_WARMUP_TEXTS = ["Warm-up text so the first real request does not pay for kernel selection.", "ok"]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    sentiment: handler.SentimentModel
+    precision: str
+    load_seconds: float
+    model_dir: Path
+
+
+class ModelDirError(ValueError):
+    """The model directory holds no model; one line for the user."""
+
+
+def load(model_dir: Path, *, threads: int, precision_override: str | None = None) -> LoadedModel:
+    """Tokenizer and classifier from the directory's root, at the chosen precision, warmed up once."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a loading bar per worker start is noise in the endpoint's log
+
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise ModelDirError(f"{model_dir}: no config.json at its root, not a saved model")
+    started = time.perf_counter()
+    handler.Limits.from_env()  # a bad limit stops the worker at start, not every request
+    chosen = precisions.choose(model_dir, precision_override)
+    torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    model = precisions.apply(model, chosen)
+    sentiment = handler.SentimentModel(
+        model=model, tokenizer=tokenizer, labels=handler.label_names(model.config.id2label),
+        max_length=handler.max_input_length(tokenizer, model.config), threads=threads,
+    )
+    handler.predict_fn(handler.Request(_WARMUP_TEXTS), sentiment)
+    return LoadedModel(sentiment, chosen, time.perf_counter() - started, model_dir)
+
+
+def check_top_k(request: handler.Request, loaded: LoadedModel) -> None:
+    """The ceiling the labels set on top_k, checked before the request joins a batch (predict_fn's own rule)."""
+    count = len(loaded.sentiment.labels)
+    if request.top_k is not None and request.top_k > count:
+        raise handler.ClientError(422, f"\"top_k\" must be between 1 and {count}, got {request.top_k}")
+
+
+def predict(requests: Sequence[handler.Request], loaded: LoadedModel) -> list[Any]:
+    """One answer per request, in order, from one call of the handler's predict_fn over all their texts."""
+    labels = loaded.sentiment.labels
+    texts = [text for request in requests for text in request.texts]
+    ranked = handler.predict_fn(handler.Request(texts, top_k=len(labels)), loaded.sentiment)
+    answers, start = [], 0
+    for request in requests:
+        rows = ranked[start:start + len(request.texts)]
+        start += len(request.texts)
+        answers.append([row[0] for row in rows] if request.top_k is None else [row[:request.top_k] for row in rows])
+    return answers
