@@ -193,8 +193,31 @@ class SentimentSettings:
     # Dynamic int8 quantization of the Linear layers at load (SENTIMENT_QUANTIZE): about 3x requests/s on CPU,
     # slightly different scores; run `python -m inference.sentiment.accuracy_check` on the model before turning it on.
     quantize: str = setting("none", choices=("none", "int8"))
+    # --- issue 21: our serving image and server ---
+    # `server`: our image (inference/sentiment/image, built for linux/arm64 and pushed by the CDK app) running our
+    # server, which batches across requests; `dlc`: the retired TorchServe image (pytorch_version and quantize
+    # apply to it only).
+    runtime: str = setting("server", choices=("server", "dlc"))
+    # Our server: texts from concurrent requests gathered into one forward pass (per-request limit: max_batch),
+    # and the longest the first of them waits for company.
+    max_batch_size: int = setting(32, minimum=1, maximum=1024)
+    max_batch_wait_ms: int = setting(5, minimum=0, maximum=1000)
+    # Texts a worker holds waiting for a forward pass; beyond it a request is answered 503 at once.
+    max_queue: int = setting(256, minimum=1, maximum=100000)
+    # Overrides the precision recorded in the model archive (SENTIMENT_PRECISION); unset: use the record.
+    precision: str | None = setting(None, choices=("fp32", "bf16", "int8"))
+    # ECR basic scanning on push for the CDK container-assets repositories of this account and region (a registry
+    # scanning rule: one per registry, so turn it off in all but one environment sharing an account and region).
+    image_scan_on_push: bool = True
 
     def __post_init__(self) -> None:
+        if self.runtime == "server" and self.quantize != "none":
+            raise SettingsError("sentiment.quantize", self.quantize,
+                                "none with sentiment.runtime=server (it applies to runtime=dlc; our server takes "
+                                "sentiment.precision=int8)")
+        if self.max_queue < self.max_batch:
+            raise SettingsError("sentiment.max_queue", self.max_queue,
+                                f"at least sentiment.max_batch ({self.max_batch}): a full request must fit")
         if self.enabled and not self.model_data_url:
             raise SettingsError("sentiment.model_data_url", self.model_data_url,
                                 "an s3://.../model.tar.gz URI when sentiment.enabled is true")

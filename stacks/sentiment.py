@@ -1,12 +1,24 @@
-"""The sentiment model on a Graviton SageMaker endpoint, updated blue/green with canary traffic and rollback."""
+"""The sentiment model on a Graviton SageMaker endpoint, updated blue/green with canary traffic and rollback.
+
+The endpoint runs our serving image by default (`sentiment.runtime=server`): built from
+inference/sentiment/image/Dockerfile for linux/arm64 by the CDK app (a DockerImageAsset, so `cdk deploy` and the
+pipeline both build and push it), with our server and its batching. `sentiment.runtime=dlc` keeps the retired
+pytorch-inference-arm64 image with TorchServe selectable.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as events_targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
@@ -32,6 +44,35 @@ VARIANT = "AllTraffic"
 PROVISIONING_ALLOWANCE_S = 1800
 # MaximumExecutionTimeoutInSeconds range in the SageMaker API (botocore service model, shape of that name).
 MAX_EXECUTION_TIMEOUT_RANGE_S = (600, 28800)
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVING_DOCKERFILE = "inference/sentiment/image/Dockerfile"
+# The image's build context is the repository root; only these reach it (and the asset's fingerprint), as in
+# inference/sentiment/image/Dockerfile.dockerignore.
+SERVING_IMAGE_CONTEXT = ["*", "!inference/__init__.py", "!inference/sentiment/", "**/__pycache__", "**/*.pyc"]
+# The CDK bootstrap's container-assets repositories (cdk-<qualifier>-container-assets-<account>-<region>).
+ASSET_REPOSITORY_FILTER = "cdk-*-container-assets-*"
+
+
+def serving_image(scope: Construct) -> ecr_assets.DockerImageAsset:
+    """Our serving image, built for linux/arm64 and pushed to the bootstrap's container-assets repository."""
+    return ecr_assets.DockerImageAsset(
+        scope, "ServingImage",
+        directory=str(REPO_ROOT),
+        file=SERVING_DOCKERFILE,
+        platform=ecr_assets.Platform.LINUX_ARM64,
+        exclude=SERVING_IMAGE_CONTEXT,
+        ignore_mode=cdk.IgnoreMode.DOCKER,
+    )
+
+
+def server_environment(config: SentimentSettings) -> dict[str, str]:
+    """Our server's settings (inference/sentiment/server/config.py reads them; `make serve-local` has the same)."""
+    return inference_container.server_environment(
+        vcpus=vcpus(config.instance_type), workers=config.workers, max_batch=config.max_batch,
+        max_batch_size=config.max_batch_size, max_batch_wait_ms=config.max_batch_wait_ms,
+        max_queue=config.max_queue, precision=config.precision)
 
 
 def graviton_image_uri(region: str, pytorch_version: str) -> str:
@@ -107,13 +148,22 @@ class SentimentStack(EnvironmentStack):
                          description=f"Sentiment endpoint on {settings.sentiment.instance_type}")
         config = settings.sentiment
         check(config)
-        repository = GRAVITON_IMAGES[config.pytorch_version][0]
-        try:
-            image = graviton_image_uri(self.region, config.pytorch_version)
-            repository_arn = dlc_repository_arn(self.region, repository)
-        except UnsupportedRegionError as error:
-            raise SettingsError("region", settings.region, "a region with Deep Learning Containers") from error
         self.endpoint_name = f"{settings.name}-sentiment"
+        self.serving_image: ecr_assets.DockerImageAsset | None = None
+        if config.runtime == "server":
+            self.serving_image = serving_image(self)
+            image = self.serving_image.image_uri
+            repository_arn = self.serving_image.repository.repository_arn
+            environment = server_environment(config)
+            self._image_scanning(config, alarm_topic)
+        else:
+            repository = GRAVITON_IMAGES[config.pytorch_version][0]
+            try:
+                image = graviton_image_uri(self.region, config.pytorch_version)
+                repository_arn = dlc_repository_arn(self.region, repository)
+            except UnsupportedRegionError as error:
+                raise SettingsError("region", settings.region, "a region with Deep Learning Containers") from error
+            environment = container_environment(config, self.region)
         log_group_arn = (f"arn:{self.partition}:logs:{self.region}:{self.account}:"
                          f"log-group:/aws/sagemaker/Endpoints/{self.endpoint_name}")
 
@@ -130,7 +180,7 @@ class SentimentStack(EnvironmentStack):
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
                 image=image,
                 model_data_url=config.model_data_url,
-                environment=container_environment(config, self.region),
+                environment=environment,
             ),
             enable_network_isolation=True,
             vpc_config=sagemaker.CfnModel.VpcConfigProperty(
@@ -185,6 +235,36 @@ class SentimentStack(EnvironmentStack):
                       description="Try the endpoint")
         cdk.CfnOutput(self, "LogGroupName", value=f"/aws/sagemaker/Endpoints/{self.endpoint_name}",
                       description="Endpoint container logs")
+
+    def _image_scanning(self, config: SentimentSettings, topic: sns.ITopic) -> None:
+        """ECR basic scanning on push for the container-assets repository, and its findings to the alarm topic.
+
+        The bootstrap template creates that repository without scanning, so the registry's scanning rule turns
+        it on (one rule set per registry: `sentiment.image_scan_on_push=false` in the other environments of a
+        shared account and region). Each completed scan of this image's tag sends its severity counts to the
+        alarm topic; the output names the command that lists the findings.
+        """
+        asset = self.serving_image
+        if config.image_scan_on_push:
+            ecr.CfnRegistryScanningConfiguration(
+                self, "ScanOnPush", scan_type="BASIC",
+                rules=[ecr.CfnRegistryScanningConfiguration.ScanningRuleProperty(
+                    scan_frequency="SCAN_ON_PUSH",
+                    repository_filters=[ecr.CfnRegistryScanningConfiguration.RepositoryFilterProperty(
+                        filter=ASSET_REPOSITORY_FILTER, filter_type="WILDCARD")])])
+        findings = events.Rule(
+            self, "ImageScanFindings",
+            description=f"{self.endpoint_name}: ECR scan results of the serving image to the alarm topic",
+            event_pattern=events.EventPattern(
+                source=["aws.ecr"], detail_type=["ECR Image Scan"],
+                detail={"repository-name": [asset.repository.repository_name], "image-tags": [asset.asset_hash],
+                        "scan-status": ["COMPLETE"]}))
+        findings.add_target(events_targets.SnsTopic(topic, message=events.RuleTargetInput.from_text(
+            f"{self.endpoint_name} serving image {asset.asset_hash[:12]}: ECR scan finding counts "
+            f"{events.EventField.from_path('$.detail.finding-severity-counts')}")))
+        cdk.CfnOutput(self, "ImageScanFindingsCommand", description="List the serving image's scan findings",
+                      value=(f"aws ecr describe-image-scan-findings --region {self.region} --repository-name "
+                             f"{asset.repository.repository_name} --image-id imageTag={asset.asset_hash}"))
 
     def _alarms(self, config: SentimentSettings, topic: sns.ITopic) -> list[cloudwatch.Alarm]:
         """5xx errors and p90 model latency: they notify, and roll back a deployment while it bakes."""

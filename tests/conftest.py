@@ -31,8 +31,12 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "prod-sentiment": ("prod", {"sentiment.enabled": "true",
                                 "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz",
                                 "operations.alarm_email": "ops@example.com"}),
-    "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true",
+    "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true", "sentiment.runtime": "dlc",
                                  "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
+    # The retired TorchServe image (issue 21 keeps it selectable).
+    "prod-sentiment-dlc": ("prod", {"sentiment.enabled": "true", "sentiment.runtime": "dlc",
+                                    "sentiment.model_data_url":
+                                        "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"}),
     "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
     # The done-when of issue 16: two spot instances from a SageMaker Pipeline.
     "dev-sagemaker": ("dev", {"training.backend": "sagemaker", "training.instance_count": "2",

@@ -1,12 +1,23 @@
-"""The Graviton sentiment endpoint: image per region, isolation, encryption, safe updates, scaling."""
+"""The Graviton sentiment endpoint: our image by default (the DLC selectable), isolation, encryption, safe updates,
+scaling."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from aws_cdk.assertions import Match
 
 from settings import SettingsError, load_settings
-from stacks.sentiment import GRAVITON_IMAGES, check, container_environment, graviton_image_uri, vcpus
+from stacks.sentiment import (
+    GRAVITON_IMAGES,
+    SERVING_IMAGE_CONTEXT,
+    check,
+    container_environment,
+    graviton_image_uri,
+    server_environment,
+    vcpus,
+)
 
 MODEL_URL = "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"
 
@@ -22,7 +33,7 @@ def test_no_sentiment_stack_unless_enabled(synthesized):
 
 
 @pytest.mark.parametrize(("config", "image"), [
-    ("prod-sentiment",
+    ("prod-sentiment-dlc",
      "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"),
     ("dev-sentiment-af",
      "626614931356.dkr.ecr.af-south-1.amazonaws.com/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"),
@@ -32,8 +43,8 @@ def test_image_uri_for_the_region(synthesized, config, image):
     assert model["Properties"]["PrimaryContainer"]["Image"] == image
 
 
-def test_model_is_isolated_in_private_subnets_with_the_handler_and_graviton_tuning(synthesized):
-    template = synthesized("prod-sentiment").template("sentiment")
+def test_dlc_model_is_isolated_in_private_subnets_with_the_handler_and_graviton_tuning(synthesized):
+    template = synthesized("prod-sentiment-dlc").template("sentiment")
     model = _one(template, "AWS::SageMaker::Model")["Properties"]
     assert "ModelName" not in model
     assert model["EnableNetworkIsolation"] is True
@@ -109,7 +120,9 @@ def test_execution_role_is_least_privilege(synthesized):
     by_sid = {s["Sid"]: s for s in statements}
     assert by_sid["ReadModel"]["Resource"] == "arn:aws:s3:::example-bucket/models/sentiment/run-0001/model.tar.gz"
     assert by_sid["ReadModel"]["Action"] == "s3:GetObject"
-    assert by_sid["PullImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-inference-arm64"
+    # Our image lives in the CDK bootstrap's container-assets repository of the endpoint's account and region.
+    pull = json.dumps(by_sid["PullImage"]["Resource"])
+    assert "arn:aws:ecr:us-west-2:" in pull and "cdk-hnb659fds-container-assets-${AWS::AccountId}-us-west-2" in pull
     assert by_sid["ReadRollbackAlarms"]["Action"] == "cloudwatch:DescribeAlarms"
     assert by_sid["DecryptModel"]["Action"] == "kms:Decrypt"
     assert {s["Sid"] for s in statements if s["Resource"] == "*"} == {
@@ -193,12 +206,96 @@ def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_v
                 instance_type="ml.c7g.4xlarge")
 
 
+def test_dlc_pulls_from_the_dlc_registry(synthesized):
+    statements = _one(synthesized("prod-sentiment-dlc").template("sentiment"),
+                      "AWS::IAM::Policy")["Properties"]["PolicyDocument"]["Statement"]
+    pull = next(s for s in statements if s["Sid"] == "PullImage")
+    assert pull["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-inference-arm64"
+
+
 def test_int8_quantization_is_a_setting_off_by_default():
     from settings import SettingsError
 
     config = load_settings("dev").sentiment
     assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "none"
-    config = load_settings("dev", {"sentiment.quantize": "int8"}).sentiment
+    config = load_settings("dev", {"sentiment.runtime": "dlc", "sentiment.quantize": "int8"}).sentiment
     assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "int8"
     with pytest.raises(SettingsError, match=r"sentiment\.quantize"):
         load_settings("dev", {"sentiment.quantize": "fp8"})
+
+
+# --- our serving image (sentiment.runtime=server, the default) ------------------------------------------------------
+
+def test_default_runtime_is_our_arm64_image_built_by_the_app(synthesized):
+    result = synthesized("prod-sentiment")
+    model = _one(result.template("sentiment"), "AWS::SageMaker::Model")["Properties"]
+    image = model["PrimaryContainer"]["Image"]["Fn::Sub"]
+    assert "cdk-hnb659fds-container-assets-${AWS::AccountId}-us-west-2:" in image
+    manifests = list(result.outdir.glob("*-sentiment.assets.json"))
+    [docker] = json.loads(manifests[0].read_text())["dockerImages"].values()
+    assert docker["source"]["platform"] == "linux/arm64"
+    assert docker["source"]["dockerFile"] == "inference/sentiment/image/Dockerfile"
+    assert image.endswith(":" + next(iter(docker["destinations"].values()))["imageTag"])
+    # The build context carries the server package only (no venvs, node_modules or cdk.out).
+    context = result.outdir / docker["source"]["directory"]
+    files = {str(path.relative_to(context)) for path in context.rglob("*") if path.is_file()}
+    assert "inference/sentiment/server/__main__.py" in files and "inference/sentiment/image/Dockerfile" in files
+    assert all(name.startswith("inference/") for name in files), sorted(files)[:20]
+    assert not any("__pycache__" in name or name.startswith("inference/llm/") for name in files)
+
+
+def test_our_server_gets_workers_threads_batching_and_no_toolkit_settings(synthesized):
+    model = _one(synthesized("prod-sentiment").template("sentiment"), "AWS::SageMaker::Model")["Properties"]
+    env = model["PrimaryContainer"]["Environment"]
+    # 16 vCPUs of ml.c7g.4xlarge, 2 workers: the same formula as the TorchServe path (sentiment/container.py).
+    assert env["SAGEMAKER_MODEL_SERVER_WORKERS"] == "2" and env["OMP_NUM_THREADS"] == "7"
+    assert (env["MAX_BATCH"], env["SENTIMENT_MAX_BATCH_SIZE"], env["SENTIMENT_MAX_BATCH_WAIT_MS"],
+            env["SENTIMENT_MAX_QUEUE"]) == ("64", "32", "5", "256")
+    assert "SENTIMENT_PRECISION" not in env  # unset: the archive's recorded precision
+    assert not any(key.startswith(("TS_", "SAGEMAKER_PROGRAM", "SAGEMAKER_SUBMIT")) for key in env)
+    assert model["EnableNetworkIsolation"] is True  # the image installs nothing at start-up
+
+
+def test_server_settings_reach_the_environment():
+    config = load_settings("dev", {"sentiment.max_batch_size": "16", "sentiment.max_batch_wait_ms": "0",
+                                   "sentiment.max_queue": "512", "sentiment.precision": "bf16",
+                                   "sentiment.instance_type": "ml.c7g.2xlarge", "sentiment.workers": "1"}).sentiment
+    env = server_environment(config)
+    assert (env["SENTIMENT_MAX_BATCH_SIZE"], env["SENTIMENT_MAX_BATCH_WAIT_MS"], env["SENTIMENT_MAX_QUEUE"],
+            env["SENTIMENT_PRECISION"], env["OMP_NUM_THREADS"]) == ("16", "0", "512", "bf16", "7")
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"sentiment.runtime": "torchserve"}, r"sentiment\.runtime='torchserve': expected one of server, dlc"),
+    ({"sentiment.precision": "fp16"}, r"sentiment\.precision='fp16': expected one of fp32, bf16, int8"),
+    ({"sentiment.max_batch_wait_ms": "5000"}, r"sentiment\.max_batch_wait_ms"),
+    ({"sentiment.max_queue": "32"}, r"sentiment\.max_queue=32: expected at least sentiment\.max_batch \(64\)"),
+    ({"sentiment.quantize": "int8"}, r"sentiment\.quantize='int8': expected none with sentiment\.runtime=server"),
+])
+def test_bad_server_settings_are_refused_with_one_line(overrides, message):
+    with pytest.raises(SettingsError, match=message):
+        load_settings("dev", overrides)
+
+
+def test_image_scanning_on_push_and_its_findings_reach_the_alarm_topic(synthesized):
+    template = synthesized("prod-sentiment").template("sentiment")
+    template.has_resource_properties("AWS::ECR::RegistryScanningConfiguration", {
+        "ScanType": "BASIC",
+        "Rules": [{"ScanFrequency": "SCAN_ON_PUSH",
+                   "RepositoryFilters": [{"Filter": "cdk-*-container-assets-*", "FilterType": "WILDCARD"}]}]})
+    rule = _one(template, "AWS::Events::Rule")["Properties"]
+    assert rule["EventPattern"]["source"] == ["aws.ecr"] and rule["EventPattern"]["detail-type"] == ["ECR Image Scan"]
+    image_tag = _one(template, "AWS::SageMaker::Model")["Properties"]["PrimaryContainer"]["Image"]["Fn::Sub"]
+    assert rule["EventPattern"]["detail"]["image-tags"] == [image_tag.rsplit(":", 1)[1]]
+    assert "Fn::ImportValue" in json.dumps(rule["Targets"][0]["Arn"])  # the environment's alarm topic
+    outputs = template.to_json()["Outputs"]
+    assert "describe-image-scan-findings" in json.dumps(outputs["ImageScanFindingsCommand"]["Value"])
+    # The DLC runtime has no image of ours to scan.
+    assert not synthesized("prod-sentiment-dlc").template("sentiment").find_resources("AWS::Events::Rule")
+
+
+def test_the_image_context_list_matches_the_dockerignore():
+    from stacks.sentiment import REPO_ROOT, SERVING_DOCKERFILE
+
+    ignore = (REPO_ROOT / f"{SERVING_DOCKERFILE}.dockerignore").read_text().splitlines()
+    assert [line for line in ignore if line and not line.startswith("#")] == SERVING_IMAGE_CONTEXT

@@ -54,3 +54,23 @@ def container_environment(*, vcpus: int, workers: int, max_batch: int, region: s
         "THP_MEM_ALLOC_ENABLE": "1",
         "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
     }
+
+
+# Our server (sentiment.runtime=server, inference/sentiment/server): the environment the stack sets on the
+# endpoint and `make serve-local` reads with the same defaults (inference/sentiment/server/config.py).
+def server_environment(*, vcpus: int, workers: int, max_batch: int, max_batch_size: int, max_batch_wait_ms: int,
+                       max_queue: int, precision: str | None = None) -> dict[str, str]:
+    """Workers and threads from the same formula as the TorchServe path (its front end is now the workers' event
+    loops and tokenizers, which also want a share of CPU), batching, the per-request limit, the precision."""
+    environment = {
+        "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
+        "OMP_NUM_THREADS": str(worker_threads(vcpus, workers)),
+        "MAX_BATCH": str(max_batch),
+        "SENTIMENT_MAX_BATCH_SIZE": str(max_batch_size),
+        "SENTIMENT_MAX_BATCH_WAIT_MS": str(max_batch_wait_ms),
+        "SENTIMENT_MAX_QUEUE": str(max_queue),
+        "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
+    }
+    if precision:
+        environment["SENTIMENT_PRECISION"] = precision
+    return environment
