@@ -17,6 +17,9 @@ from settings import Settings
 from stacks.environment import EnvironmentStacks, build_environment
 from stacks.nag import acknowledge
 
+# CodeBuild's arm64 image for the asset publishing projects (native builds of the arm64 serving image).
+ASSET_BUILD_IMAGE = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_3_0
+
 
 class EnvironmentStage(cdk.Stage):
     """One environment's stacks, named exactly as a workstation deploy names them."""
@@ -81,6 +84,12 @@ class PipelineStack(cdk.Stack):
                 build_image=codebuild.LinuxBuildImage.STANDARD_7_0,
                 compute_type=codebuild.ComputeType.LARGE,
             )),
+            # Assets are built and published before any stage deploys. The sentiment serving image is linux/arm64
+            # (inference/sentiment/image/Dockerfile): an arm64 build host builds it natively instead of emulating
+            # every instruction under QEMU. Docker builds need privileged mode.
+            asset_publishing_code_build_defaults=pipelines.CodeBuildOptions(
+                build_environment=codebuild.BuildEnvironment(
+                    build_image=ASSET_BUILD_IMAGE, compute_type=codebuild.ComputeType.LARGE, privileged=True)),
         )
         self.stages: dict[str, EnvironmentStage] = {}
         for stage_settings in stages:

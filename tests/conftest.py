@@ -18,6 +18,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # The configurations the stack tests look at, by name: (environment, overrides).
 CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "pipeline": ("dev", {"pipeline.enabled": "true", "prod/artifacts.noncurrent_version_expiration_days": "400"}),
+    # The pipeline with the sentiment endpoint in every stage: its arm64 image is an asset the pipeline publishes.
+    "pipeline-sentiment": ("dev", {"pipeline.enabled": "true", "sentiment.enabled": "true",
+                                   "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
     "dev": ("dev", {}),
     "prod": ("prod", {}),
     "prod-account": ("prod", {"account": "123456789012", "region": "eu-central-2",

@@ -140,3 +140,18 @@ def test_artifact_access_logs_can_be_delivered(synthesized):
     assert statement["Effect"] == "Allow" and statement["Action"] == "s3:PutObject"
     assert "pipeline-artifacts/*" in json.dumps(statement["Resource"])
     assert statement["Condition"]["ArnLike"]["aws:SourceArn"] == {"Fn::GetAtt": [source_id, "Arn"]}
+
+
+def test_the_arm64_serving_image_is_built_natively_and_published_before_any_stage_deploys(synthesized):
+    """Issue 21: the sentiment image is a Docker asset of every stage; an arm64 CodeBuild project publishes it."""
+    template = Template.from_json(synthesized("pipeline-sentiment").templates["mlrecipes-pipeline"])
+    stages = _codepipeline(template)["Stages"]
+    names = [stage["Name"] for stage in stages]
+    assert names.index("Assets") < names.index("dev")
+    [publish] = [action for action in stages[names.index("Assets")]["Actions"] if action["Name"] == "ServingImage"]
+    project = template.find_resources("AWS::CodeBuild::Project")[publish["Configuration"]["ProjectName"]["Ref"]]
+    environment = project["Properties"]["Environment"]
+    assert environment["Type"] == "ARM_CONTAINER"
+    assert environment["Image"] == "aws/codebuild/amazonlinux-aarch64-standard:3.0"
+    assert environment["PrivilegedMode"] is True
+    assert "cdk-assets" in project["Properties"]["Source"]["BuildSpec"]
