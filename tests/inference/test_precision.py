@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -172,3 +173,42 @@ def test_server_start_refuses_a_failed_override_in_one_line(gated_dir):
     assert "SENTIMENT_PRECISION=int8 failed this model's accuracy gate (int8: labels agree 97.4%" in errors[0]
     assert "max probability change 0.0712 (allowed 0.05)" in errors[0]
     assert "serving" not in done.stdout  # no worker started
+
+
+
+needs_image_venv = pytest.mark.skipif(
+    not (REPO / ".venv-image" / "bin" / "python").is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
+    reason="no .venv-image; run `make image-venv`",
+)
+
+
+def serving_line(server) -> str:
+    return next(line for line in server.lines if line.startswith("serving "))
+
+
+@needs_image_venv
+def test_the_image_server_serves_the_archives_recorded_precision(model_dir, tmp_path):
+    """Package with the gate, serve the archive as the image does: the workers run at the recorded choice."""
+    from inference.sentiment.server import local
+    from training import package
+
+    archive = tmp_path / "model.tar.gz"
+    package.build(model_dir, archive, gate_rounds=1)
+    chosen = package.read_archive_record(archive)["precision"]
+    with local.LocalServer(archive) as server:
+        assert f"precision {chosen}," in serving_line(server)
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        try:
+            connection.request("POST", "/invocations", body=b'{"inputs": ["lovely weather"]}',
+                               headers={"Content-Type": "application/json"})
+            assert connection.getresponse().status == 200
+        finally:
+            connection.close()
+
+
+@needs_image_venv
+def test_the_image_server_takes_an_override_over_the_record(gated_dir):
+    from inference.sentiment.server import local
+
+    with local.LocalServer(gated_dir, env={"SENTIMENT_PRECISION": "fp32"}) as server:
+        assert "precision fp32," in serving_line(server)  # the record says bf16
