@@ -8,13 +8,17 @@ held-out sample, with the figures measured for every precision. The server calls
   gate passed it, else the recorded choice, else fp32 (an archive packaged before the gate existed). An override
   that failed the gate raises `PrecisionRefused` with the measured figures.
 - `apply(model, precision)`: the model converted to that precision, with the process's math mode set for it.
+- `process_environment(precision)`: variables a worker must have before it imports torch (the supervisor sets
+  them for its workers).
 
 The precisions:
 - `fp32`: the model as trained.
 - `bf16`: bf16 weights (oneDNN's bf16 kernels: AMX/AVX512-BF16 on x86, BF16 instructions on Graviton3), and
-  oneDNN's bf16 fast-math mode for any fp32 matmul left, set through torch and, for a process that has not yet
-  run a oneDNN primitive (a server worker), through `DNNL_DEFAULT_FPMATH_MODE=BF16` as on AWS's Graviton images.
-  Set per process at load, not in the image for every model, so a model whose gate kept fp32 really runs fp32.
+  oneDNN's bf16 fast-math mode for any fp32 matmul left: through torch (`torch.backends.mkldnn.matmul.
+  fp32_precision = "bf16"`) and, for the server's workers, `DNNL_DEFAULT_FPMATH_MODE=BF16` as AWS's Graviton
+  images set it. oneDNN reads that variable once, when torch loads it (ONEDNN_VERBOSE shows no `attr-fpmath:bf16`
+  when it is set after `import torch`), so the supervisor puts it in the workers' environment before they start.
+  Per model, not in the image for every model, so a model whose gate kept fp32 really runs fp32.
 - `int8`: dynamic int8 of every Linear layer (int8 weights, activations quantized per batch) through torchao's
   `quantize_` (`Int8DynamicActivationInt8WeightConfig`), the maintained successor of
   `torch.ao.quantization.quantize_dynamic`.
@@ -23,7 +27,6 @@ The precisions:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -147,11 +150,13 @@ def activate(precision: str) -> None:
     import torch
 
     _check(precision, "precision")
-    fast = precision == "bf16"
-    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if fast else "none"  # none: torch's default
-    if fast:
-        # Read by oneDNN once, at its first primitive: effective in a fresh worker, a no-op later in a process.
-        os.environ.setdefault(FPMATH_ENV, "BF16")
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if precision == "bf16" else "none"  # none: torch's default
+
+
+def process_environment(precision: str) -> dict[str, str]:
+    """What a worker serving `precision` needs in its environment before it imports torch (oneDNN reads it then)."""
+    _check(precision, "precision")
+    return {FPMATH_ENV: "BF16"} if precision == "bf16" else {}
 
 
 def apply(model, precision: str):

@@ -206,9 +206,27 @@ def test_the_image_server_serves_the_archives_recorded_precision(model_dir, tmp_
             connection.close()
 
 
+def worker_environments(server) -> list[dict[str, str]]:
+    import psutil
+
+    return [child.environ() for child in psutil.Process(server.process.pid).children()]
+
+
 @needs_image_venv
-def test_the_image_server_takes_an_override_over_the_record(gated_dir):
+def test_bf16_workers_start_with_onednns_fast_math_and_an_fp32_override_without(gated_dir, monkeypatch):
     from inference.sentiment.server import local
 
+    monkeypatch.delenv(precisions.FPMATH_ENV, raising=False)
+    with local.LocalServer(gated_dir) as server:  # the record says bf16
+        assert "precision bf16," in serving_line(server)
+        environments = worker_environments(server)
+        assert environments and all(env.get(precisions.FPMATH_ENV) == "BF16" for env in environments)
     with local.LocalServer(gated_dir, env={"SENTIMENT_PRECISION": "fp32"}) as server:
-        assert "precision fp32," in serving_line(server)  # the record says bf16
+        assert "precision fp32," in serving_line(server)
+        environments = worker_environments(server)
+        assert environments and not any(precisions.FPMATH_ENV in env for env in environments)
+
+
+def test_only_bf16_asks_for_the_fast_math_environment():
+    assert precisions.process_environment("bf16") == {"DNNL_DEFAULT_FPMATH_MODE": "BF16"}
+    assert precisions.process_environment("fp32") == precisions.process_environment("int8") == {}
