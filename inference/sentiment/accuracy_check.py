@@ -112,6 +112,8 @@ def measure(model_dir: Path, wanted: tuple[str, ...] = precisions.PRECISIONS, *,
         try:
             loaded[name] = load(model_dir, name, threads)
         except (ImportError, RuntimeError, NotImplementedError) as error:
+            if name == "fp32":
+                raise  # the reference: nothing to compare against without it
             errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()
             say(f"gate: {name}: cannot load: {errors[name]}")
             continue
