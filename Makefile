@@ -114,6 +114,11 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 	  --max-length 48 --num-train-epochs 20 --learning-rate 1e-3 --warmup-steps 0.1 --no-torch-compile \
 	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
 
+# make precision-gate MODEL=<model dir>; RANDOM=roberta-base gates a random-weight RoBERTa-base built on the spot.
+.PHONY: precision-gate
+precision-gate: install-dev  ## the accuracy gate's figures (fp32, bf16, int8 against fp32) for MODEL, or RANDOM=roberta-base
+	$(PY) -m inference.sentiment.accuracy_check $(if $(RANDOM),--random-model $(RANDOM),--model-dir $(MODEL)) $(ARGS)
+
 clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build
 

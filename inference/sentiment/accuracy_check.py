@@ -1,34 +1,223 @@
-"""Does an optimized handler setting answer like the unoptimized model? Run before turning `sentiment.quantize` on.
+"""The accuracy gate: which precisions answer like fp32 on held-out text, and which of those is fastest here.
 
-Loads the model twice through the handler's own `model_fn` (SENTIMENT_QUANTIZE=none, then the setting under
-test), classifies every text of the shipped sample (training/data/sample/*.jsonl), and compares: the best
-labels must agree on at least `--min-agreement` of the texts and every class probability must lie within
-`--tolerance` of the unoptimized one. Exit status 0 when both hold, 1 when not, 2 for a bad model directory.
+For each precision (fp32, bf16, int8; `inference.sentiment.precision`) the model is loaded the way the server
+loads it and classifies every held-out text of the shipped sample (training/data/sample/validation.jsonl and
+test.jsonl, which `make train-local` never trains on). A precision passes when the best labels agree with fp32's
+on at least `--min-agreement` of the texts and no class probability moves by more than `--tolerance`. The
+precisions then take turns on one batch of `--batch-size` texts for `--rounds` rounds; the fastest that passed
+(best round's ms per batch, on this machine: other work on a shared machine only ever adds time, so the best
+round is the steadiest figure; the median is recorded too) is the gate's choice. `training.package` runs this
+and writes the result to `precision.json` in the archive.
 
-    python -m inference.sentiment.accuracy_check --model-dir artifacts/tiny-model --quantize int8
+    python -m inference.sentiment.accuracy_check --model-dir artifacts/tiny-model
+    python -m inference.sentiment.accuracy_check --random-model roberta-base     # random weights, built here
+
+Exit status 0 when the gate ran (1 with --require PRECISION when that precision failed), 2 for a bad model
+directory. `--quantize int8` keeps the older check of the TorchServe handler's `sentiment.quantize` setting.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import platform
+import statistics
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
+
+from inference.sentiment import precision as precisions
 
 PROG = "python -m inference.sentiment.accuracy_check"
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "training" / "data" / "sample"
-DEFAULT_MIN_AGREEMENT = 0.99
-# Largest allowed change of any class probability; dynamic int8 on RoBERTa-base moves them by about 1e-2.
-DEFAULT_TOLERANCE = 0.05
+HELD_OUT = ("validation.jsonl", "test.jsonl")
+DEFAULT_MIN_AGREEMENT = precisions.MIN_AGREEMENT
+DEFAULT_TOLERANCE = precisions.TOLERANCE
+DEFAULT_BATCH_SIZE = 8
+DEFAULT_ROUNDS = 7
+# RoBERTa-base's shape (roberta-base's config.json), for a random-weight model of the size we deploy.
+RANDOM_MODELS = {"roberta-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                                  "intermediate_size": 3072}}
+
+Progress = Callable[[str], None]
 
 
 def sample_texts() -> list[str]:
+    """The held-out texts: the sample's validation and test files (no network, never trained on)."""
     texts = []
-    for path in sorted(SAMPLE_DIR.glob("*.jsonl")):
+    for name in HELD_OUT:
+        path = SAMPLE_DIR / name
         texts += [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
     return texts
 
+
+def compare(reference: list[list[float]], candidate: list[list[float]]) -> tuple[float, float]:
+    """(share of texts with the same best label, largest absolute probability difference)."""
+    same = sum(max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__)
+               for a, b in zip(reference, candidate, strict=True))
+    worst = max(abs(x - y) for a, b in zip(reference, candidate, strict=True) for x, y in zip(a, b, strict=True))
+    return same / len(reference), worst
+
+
+def load(model_dir: Path, precision: str, threads: int | None = None):
+    """The handler's SentimentModel at `precision`, loaded as the server loads it (fp32, then precision.apply)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from inference.sentiment import inference as handler
+
+    hf_logging.disable_progress_bar()  # one loading bar per precision is noise in the gate's progress
+    if threads:
+        torch.set_num_threads(threads)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    model = precisions.apply(model, precision)
+    return handler.SentimentModel(model=model, tokenizer=tokenizer, labels=handler.label_names(model.config.id2label),
+                                  max_length=handler.max_input_length(tokenizer, model.config),
+                                  threads=torch.get_num_threads())
+
+
+def class_probabilities(sentiment, texts: list[str]) -> list[list[float]]:
+    """One row per text, every label's probability in the model's label order, through the handler's predict_fn."""
+    from inference.sentiment import inference as handler
+
+    rows = []
+    for start in range(0, len(texts), 32):
+        ranked = handler.predict_fn(handler.Request(texts[start:start + 32], top_k=len(sentiment.labels)), sentiment)
+        for entries in ranked:
+            by_label = {entry["label"]: entry["score"] for entry in entries}
+            rows.append([by_label[label] for label in sentiment.labels])
+    return rows
+
+
+def measure(model_dir: Path, wanted: tuple[str, ...] = precisions.PRECISIONS, *, texts: list[str] | None = None,
+            batch_size: int = DEFAULT_BATCH_SIZE, rounds: int = DEFAULT_ROUNDS, threads: int | None = None,
+            progress: Progress | None = None) -> list[precisions.Figures]:
+    """Every wanted precision's figures against fp32; timed in turns (one round each, then the next round)."""
+    from inference.sentiment import inference as handler
+
+    say = progress or (lambda line: None)
+    texts = sample_texts() if texts is None else texts
+    order = ["fp32", *[name for name in precisions.PRECISIONS if name in wanted and name != "fp32"]]
+    loaded, reference, errors, accuracy = {}, None, {}, {}
+    for name in order:
+        say(f"gate: {name}: loading and classifying {len(texts)} held-out texts")
+        try:
+            loaded[name] = load(model_dir, name, threads)
+        except (ImportError, RuntimeError, NotImplementedError) as error:
+            if name == "fp32":
+                raise  # the reference: nothing to compare against without it
+            errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()
+            say(f"gate: {name}: cannot load: {errors[name]}")
+            continue
+        rows = class_probabilities(loaded[name], texts)
+        if name == "fp32":
+            reference = rows
+        accuracy[name] = compare(reference, rows)
+    batch = handler.Request(texts[:batch_size])
+    samples: dict[str, list[float]] = {name: [] for name in loaded}
+    for round_number in range(rounds + 1):  # round 0 warms each method up and is not counted
+        for name, sentiment in loaded.items():
+            precisions.activate(name)
+            started = time.perf_counter()
+            handler.predict_fn(batch, sentiment)
+            if round_number:
+                samples[name].append((time.perf_counter() - started) * 1000)
+        if round_number:
+            say(f"gate: timing round {round_number}/{rounds}: " + ", ".join(
+                f"{name} {values[-1]:.1f} ms" for name, values in samples.items()))
+    precisions.activate("fp32")
+    figures = []
+    for name in order:
+        if name in errors:
+            figures.append(precisions.Figures(name, error=errors[name]))
+        else:
+            agreement, worst = accuracy[name]
+            figures.append(precisions.Figures(name, round(agreement, 6), round(worst, 6), round(min(samples[name]), 2),
+                                              ms_median=round(statistics.median(samples[name]), 2)))
+    return figures
+
+
+def _machine() -> dict:
+    """Where the timings were taken: they pick the precision, so the record says which machine they describe."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    described = {"machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
+                 "torch": torch.__version__}
+    try:
+        import torchao
+
+        described["torchao"] = torchao.__version__
+    except ImportError:
+        pass
+    return described
+
+
+def gate_record(model_dir: Path, *, min_agreement: float = DEFAULT_MIN_AGREEMENT,
+                tolerance: float = DEFAULT_TOLERANCE, batch_size: int = DEFAULT_BATCH_SIZE,
+                rounds: int = DEFAULT_ROUNDS, threads: int | None = None,
+                progress: Progress | None = None) -> dict:
+    """precision.json for this model: the gate's choice, its thresholds, the figures and where they were measured."""
+    texts = sample_texts()
+    figures = measure(model_dir, texts=texts, batch_size=batch_size, rounds=rounds, threads=threads,
+                      progress=progress)
+    return precisions.make_record(
+        figures, min_agreement=min_agreement, tolerance=tolerance,
+        texts=len(texts), sample=[f"training/data/sample/{name}" for name in HELD_OUT],
+        batch_texts=min(batch_size, len(texts)), rounds=rounds,
+        measured_on=_machine(), measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+
+
+def build_random_model(directory: Path, preset: str, seed: int = 42) -> Path:
+    """A random-weight 3-class classifier of `preset`'s shape with the tiny tokenizer, saved like a trained model."""
+    import torch
+    from transformers import RobertaForSequenceClassification
+
+    from training import tiny
+
+    all_texts = []
+    for path in sorted(SAMPLE_DIR.glob("*.jsonl")):
+        all_texts += [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+    tokenizer = tiny.build_tokenizer(all_texts)
+    config = tiny.build_model(tokenizer).config
+    config.update(RANDOM_MODELS[preset])
+    torch.manual_seed(seed)
+    RobertaForSequenceClassification(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def report(record: dict) -> list[str]:
+    """The gate's figures as printed lines: one per precision, then the choice."""
+    gate = record["gate"]
+    lines = [f"accuracy gate on {gate['texts']} held-out texts ({', '.join(gate['sample'])}); "
+             f"ms per batch of {gate['batch_texts']} texts, best of {gate['rounds']} rounds taking turns, on "
+             f"{gate['measured_on']['cpu']} ({gate['measured_on']['threads']} threads, torch "
+             f"{gate['measured_on']['torch']})"]
+    for name, data in record["figures"].items():
+        lines.append("  " + precisions.Figures.from_dict(name, data).describe(gate["min_agreement"],
+                                                                           gate["max_probability_change"]))
+    lines.append(f"chosen: {record['precision']} (the fastest that passed)")
+    return lines
+
+
+# --- the TorchServe handler's sentiment.quantize (runtime=dlc), kept as it was -------------------------------------
 
 def probabilities(model_dir: Path, quantize: str, texts: list[str]) -> tuple[tuple[str, ...], list[list[float]]]:
     """(labels, one probability row per text) from the handler loaded with SENTIMENT_QUANTIZE=quantize."""
@@ -43,43 +232,10 @@ def probabilities(model_dir: Path, quantize: str, texts: list[str]) -> tuple[tup
             os.environ.pop("SENTIMENT_QUANTIZE")
         else:
             os.environ["SENTIMENT_QUANTIZE"] = previous
-    rows = []
-    count = len(loaded.labels)
-    for start in range(0, len(texts), 32):
-        ranked = handler.predict_fn(handler.Request(texts[start:start + 32], top_k=count), loaded)
-        for entries in ranked:
-            by_label = {entry["label"]: entry["score"] for entry in entries}
-            rows.append([by_label[label] for label in loaded.labels])
-    return loaded.labels, rows
+    return loaded.labels, class_probabilities(loaded, texts)
 
 
-def compare(reference: list[list[float]], candidate: list[list[float]]) -> tuple[float, float]:
-    """(share of texts with the same best label, largest absolute probability difference)."""
-    same = sum(max(range(len(a)), key=a.__getitem__) == max(range(len(b)), key=b.__getitem__)
-               for a, b in zip(reference, candidate, strict=True))
-    worst = max(abs(x - y) for a, b in zip(reference, candidate, strict=True) for x, y in zip(a, b, strict=True))
-    return same / len(reference), worst
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model-dir", required=True, type=Path, help="a saved model (the archive's root files)")
-    parser.add_argument("--quantize", choices=("int8",), default="int8", help="the setting to check")
-    parser.add_argument("--min-agreement", type=float, default=DEFAULT_MIN_AGREEMENT,
-                        help="least share of texts whose best label must not change")
-    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
-                        help="largest allowed change of any class probability")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if not (args.model_dir / "config.json").is_file():
-        print(f"{PROG}: error: --model-dir {args.model_dir}: no config.json, not a saved model", file=sys.stderr)
-        return 2
-    texts = sample_texts()
+def _quantize_check(args, texts: list[str]) -> int:
     labels, reference = probabilities(args.model_dir, "none", texts)
     _, candidate = probabilities(args.model_dir, args.quantize, texts)
     agreement, worst = compare(reference, candidate)
@@ -88,6 +244,66 @@ def main(argv: list[str] | None = None) -> int:
           f"{agreement:.1%} (need >= {args.min_agreement:.0%}); largest probability change {worst:.4f} "
           f"(allowed {args.tolerance}): {'PASS' if passed else 'FAIL'}")
     return 0 if passed else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", type=Path, help="a saved model (the archive's root files)")
+    source.add_argument("--random-model", choices=sorted(RANDOM_MODELS),
+                        help="build a random-weight model of this size here (no download) and gate it")
+    parser.add_argument("--min-agreement", type=float, default=DEFAULT_MIN_AGREEMENT,
+                        help="least share of texts whose best label must not change")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                        help="largest allowed change of any class probability")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts in the timed batch")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="timed rounds per precision")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--require", choices=precisions.PRECISIONS,
+                        help="exit 1 unless this precision passes the gate")
+    parser.add_argument("--json", action="store_true", help="print the record (precision.json) instead of lines")
+    parser.add_argument("--quantize", choices=("int8",),
+                        help="instead: the TorchServe handler's SENTIMENT_QUANTIZE=int8 against unoptimized")
+    return parser
+
+
+def _positive(parser: argparse.ArgumentParser, args) -> None:
+    for name in ("batch_size", "rounds", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if not 0 <= args.min_agreement <= 1:
+        parser.error(f"--min-agreement {args.min_agreement}: must be between 0 and 1")
+    if args.tolerance < 0:
+        parser.error(f"--tolerance {args.tolerance}: must be at least 0")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _positive(parser, args)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("torchao").setLevel(logging.ERROR)  # x86 wheel: CUDA kernels that a CPU cannot load
+    if args.model_dir is not None and not (args.model_dir / "config.json").is_file():
+        print(f"{PROG}: error: --model-dir {args.model_dir}: no config.json, not a saved model", file=sys.stderr)
+        return 2
+    if args.quantize:
+        if args.model_dir is None:
+            parser.error("--quantize needs --model-dir")
+        return _quantize_check(args, sample_texts())
+    with tempfile.TemporaryDirectory(prefix="gate-model-") as scratch:
+        model_dir = args.model_dir
+        if model_dir is None:
+            print(f"building a random-weight {args.random_model} classifier in {scratch}", file=sys.stderr, flush=True)
+            model_dir = build_random_model(Path(scratch), args.random_model)
+        record = gate_record(model_dir, min_agreement=args.min_agreement, tolerance=args.tolerance,
+                             batch_size=args.batch_size, rounds=args.rounds, threads=args.threads,
+                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps(record, indent=2) if args.json else "\n".join(report(record)))
+    if args.require and not record["figures"].get(args.require, {}).get("passed"):
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,58 +1,173 @@
-"""STUB for branch issue-21-server only: the precision interface the server calls at model load.
+"""Which numeric precision a model is served at: the gate's choice recorded at packaging, or a checked override.
 
-The real module (gate, record written by training.package, int8 through torchao) comes from branch
-`issue-21-precision`; at merge, take theirs and drop this file. This stub implements just the agreed interface
-for fp32 and bf16, with no gate of its own:
+`training.package` runs the accuracy gate (`inference.sentiment.accuracy_check`) on the model and writes its
+result to `precision.json` at the archive's root: the fastest precision whose answers stay close to fp32 on a
+held-out sample, with the figures measured for every precision. The server calls two functions at model load:
 
-- `PRECISIONS`: every precision a record or an override may name.
-- `RECORD`: the file at the model directory's root that holds the recorded choice.
-- `choose(model_dir, override)`: the override if given, else the recorded choice, else "fp32".
-- `apply(model, precision)`: the model converted (bf16 weights), with oneDNN's bf16 fast-math mode set for bf16.
+- `choose(model_dir, override)`: the override (`sentiment.precision`, passed as SENTIMENT_PRECISION) when the
+  gate passed it, else the recorded choice, else fp32 (an archive packaged before the gate existed). An override
+  that failed the gate raises `PrecisionRefused` with the measured figures.
+- `apply(model, precision)`: the model converted to that precision, with the process's math mode set for it.
+- `process_environment(precision)`: variables a worker must have before it imports torch (the supervisor sets
+  them for its workers).
+
+The precisions:
+- `fp32`: the model as trained.
+- `bf16`: bf16 weights (oneDNN's bf16 kernels: AMX/AVX512-BF16 on x86, BF16 instructions on Graviton3), and
+  oneDNN's bf16 fast-math mode for any fp32 matmul left: through torch (`torch.backends.mkldnn.matmul.
+  fp32_precision = "bf16"`) and, for the server's workers, `DNNL_DEFAULT_FPMATH_MODE=BF16` as AWS's Graviton
+  images set it. oneDNN reads that variable once, when torch loads it (ONEDNN_VERBOSE shows no `attr-fpmath:bf16`
+  when it is set after `import torch`), so the supervisor puts it in the workers' environment before they start.
+  Per model, not in the image for every model, so a model whose gate kept fp32 really runs fp32.
+- `int8`: dynamic int8 of every Linear layer (int8 weights, activations quantized per batch) through torchao's
+  `quantize_` (`Int8DynamicActivationInt8WeightConfig`), the maintained successor of
+  `torch.ao.quantization.quantize_dynamic`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PRECISIONS = ("fp32", "bf16", "int8")
 RECORD = "precision.json"
-_STUB_SUPPORTED = ("fp32", "bf16")
+# The gate (issue 21): best labels agree on at least this share of the held-out sample...
+MIN_AGREEMENT = 0.99
+# ... and no class probability moves by more than this from fp32.
+TOLERANCE = 0.05
+FPMATH_ENV = "DNNL_DEFAULT_FPMATH_MODE"
+OVERRIDE_ENV = "SENTIMENT_PRECISION"
 
 
 class PrecisionRefused(ValueError):
     """An override that failed the accuracy gate; the message carries the measured figures."""
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What the gate measured for one precision against fp32 on the held-out sample."""
+
+    precision: str
+    agreement: float | None = None  # share of texts whose best label is fp32's
+    max_change: float | None = None  # largest absolute change of any class probability
+    ms_per_batch: float | None = None  # best of the gate's rounds on the packaging machine (what picks)
+    error: str | None = None  # why it could not be measured (then it does not pass)
+    ms_median: float | None = None  # median of the same rounds, for the reader: a busy machine shows here
+
+    def passed(self, min_agreement: float = MIN_AGREEMENT, tolerance: float = TOLERANCE) -> bool:
+        if self.error is not None or self.agreement is None or self.max_change is None:
+            return False
+        return self.agreement >= min_agreement and self.max_change <= tolerance
+
+    def describe(self, min_agreement: float = MIN_AGREEMENT, tolerance: float = TOLERANCE) -> str:
+        """One line, e.g. `bf16: labels agree 100.0% (need >= 99%), max probability change 0.0018 (allowed 0.05),
+        61.2 ms per batch: PASS`."""
+        if self.error is not None:
+            return f"{self.precision}: not measured ({self.error}): FAIL"
+        speed = "" if self.ms_per_batch is None else f", {self.ms_per_batch:.1f} ms per batch"
+        if self.ms_median is not None:
+            speed += f" (median {self.ms_median:.1f})"
+        verdict = "PASS" if self.passed(min_agreement, tolerance) else "FAIL"
+        return (f"{self.precision}: labels agree {self.agreement:.1%} (need >= {min_agreement:.0%}), max probability "
+                f"change {self.max_change:.4f} (allowed {tolerance:g}){speed}: {verdict}")
+
+    @classmethod
+    def from_dict(cls, precision: str, data: dict) -> Figures:
+        return cls(precision, data.get("agreement"), data.get("max_change"), data.get("ms_per_batch"),
+                   data.get("error"), data.get("ms_median"))
+
+
+def pick(figures: list[Figures], min_agreement: float = MIN_AGREEMENT, tolerance: float = TOLERANCE) -> str:
+    """The fastest precision that passed; fp32 when none did or none was timed (fp32 is the reference)."""
+    passing = [entry for entry in figures if entry.passed(min_agreement, tolerance) and entry.ms_per_batch is not None]
+    if not passing:
+        return "fp32"
+    return min(passing, key=lambda entry: (entry.ms_per_batch, PRECISIONS.index(entry.precision))).precision
+
+
+def make_record(figures: list[Figures], *, min_agreement: float = MIN_AGREEMENT, tolerance: float = TOLERANCE,
+                **details) -> dict:
+    """precision.json's content: the choice, the thresholds, every precision's figures, and where they came from."""
+    return {
+        "precision": pick(figures, min_agreement, tolerance),
+        "gate": {"min_agreement": min_agreement, "max_probability_change": tolerance, **details},
+        "figures": {entry.precision: {key: value for key, value in asdict(entry).items()
+                                      if key != "precision" and value is not None}
+                    | {"passed": entry.passed(min_agreement, tolerance)} for entry in figures},
+    }
+
+
+def read_record(model_dir: Path) -> dict | None:
+    """The model directory's record, None when it has none; a record that does not parse stops the load."""
+    path = Path(model_dir) / RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        chosen = record["precision"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a precision record ({type(error).__name__}: {error})") from None
+    if chosen not in PRECISIONS:
+        raise ValueError(f"{path}: precision {chosen!r} is not one of {', '.join(PRECISIONS)}")
+    return record
+
+
 def _check(precision: str, where: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"{where}={precision!r} is not a precision; allowed: {', '.join(PRECISIONS)}")
-    if precision not in _STUB_SUPPORTED:
-        raise ValueError(f"{where}={precision!r}: this build (precision stub) supports only "
-                         f"{', '.join(_STUB_SUPPORTED)}")
     return precision
 
 
 def choose(model_dir: Path, override: str | None) -> str:
-    """The precision to serve: the override, else the record's choice, else fp32 (no record)."""
-    if override:
-        return _check(override.strip().lower(), "SENTIMENT_PRECISION")
-    record = Path(model_dir) / RECORD
-    if not record.is_file():
-        return "fp32"
-    try:
-        chosen = json.loads(record.read_text())["precision"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{record}: not a precision record ({error})") from None
-    return _check(str(chosen), f"{RECORD} precision")
+    """The precision to serve: a gate-passed override, else the record's choice, else fp32 (no record)."""
+    record = read_record(model_dir)
+    if not override:
+        return "fp32" if record is None else record["precision"]
+    precision = _check(override.strip().lower(), OVERRIDE_ENV)
+    if record is None or precision == "fp32":
+        return precision  # fp32 is the reference; without a record there is no gate result to refuse on
+    gate = record.get("gate", {})
+    min_agreement = gate.get("min_agreement", MIN_AGREEMENT)
+    tolerance = gate.get("max_probability_change", TOLERANCE)
+    measured = {name: Figures.from_dict(name, data) for name, data in record.get("figures", {}).items()}
+    entry = measured.get(precision)
+    if entry is not None and entry.passed(min_agreement, tolerance):
+        return precision
+    allowed = [name for name in PRECISIONS if name == "fp32" or (name in measured and
+                                                                  measured[name].passed(min_agreement, tolerance))]
+    why = entry.describe(min_agreement, tolerance) if entry else f"{precision}: not measured by this model's gate"
+    reference = measured.get("fp32")
+    fp32_speed = f"; fp32 {reference.ms_per_batch:.1f} ms per batch" if reference and reference.ms_per_batch else ""
+    raise PrecisionRefused(
+        f"{OVERRIDE_ENV}={precision} failed this model's accuracy gate ({why}{fp32_speed}); allowed: "
+        f"{', '.join(allowed)} (recorded choice: {record['precision']}, {Path(model_dir) / RECORD})"
+    )
 
 
-def apply(model, precision: str):
-    """The model at `precision`: bf16 weights for bf16 (oneDNN's bf16 fast math for any fp32 matmul left)."""
+def activate(precision: str) -> None:
+    """Set the process-wide math mode a precision runs with (the gate switches between them in one process)."""
     import torch
 
     _check(precision, "precision")
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if precision == "bf16" else "none"  # none: torch's default
+
+
+def process_environment(precision: str) -> dict[str, str]:
+    """What a worker serving `precision` needs in its environment before it imports torch (oneDNN reads it then)."""
+    _check(precision, "precision")
+    return {FPMATH_ENV: "BF16"} if precision == "bf16" else {}
+
+
+def apply(model, precision: str):
+    """The model at `precision` (bf16 weights, torchao dynamic int8, or as is), with the math mode set for it."""
+    import torch
+
+    activate(precision)
     if precision == "bf16":
-        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
         return model.to(torch.bfloat16)
+    if precision == "int8":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+        quantize_(model, Int8DynamicActivationInt8WeightConfig())  # every nn.Linear, in place
     return model

@@ -57,8 +57,9 @@ def members(archive: Path) -> dict[str, tarfile.TarInfo]:
 
 def test_layout_matches_the_serving_container(trained, tmp_path, capsys):
     output = tmp_path / "model.tar.gz"
-    assert package.main(["--model-dir", str(trained.output_dir), "--output", str(output)]) == 0
-    assert "wrote" in capsys.readouterr().out
+    assert package.main(["--model-dir", str(trained.output_dir), "--output", str(output), "--gate-rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and "accuracy gate on" in out and "chosen: " in out
     infos = members(output)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in infos, name
@@ -78,7 +79,7 @@ def test_archive_model_loads_after_extraction(trained, tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     output = tmp_path / "model.tar.gz"
-    package.build(trained.output_dir, output)
+    package.build(trained.output_dir, output, gate=False)
     extracted = tmp_path / "opt-ml-model"
     with tarfile.open(output, "r:gz") as tar:
         tar.extractall(extracted, filter="data")
@@ -91,7 +92,7 @@ def test_archive_model_loads_after_extraction(trained, tmp_path):
 def test_wheelhouse_requirements_install_offline(trained, wheelhouse, tmp_path):
     house, requirements = wheelhouse
     output = tmp_path / "model.tar.gz"
-    package.build(trained.output_dir, output, requirements_file=requirements, wheelhouse=house)
+    package.build(trained.output_dir, output, requirements_file=requirements, wheelhouse=house, gate=False)
     infos = members(output)
     assert "code/wheels/sentiment_demo-1.0-py3-none-any.whl" in infos
     assert "code/wheels/sentiment_demo_dep-1.0-py3-none-any.whl" in infos
@@ -117,6 +118,45 @@ def test_wheelhouse_requirements_install_offline(trained, wheelhouse, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert (target / "sentiment_demo" / "__init__.py").is_file()
     assert (target / "sentiment_demo_dep" / "__init__.py").is_file(), "the dependency came from the wheelhouse too"
+
+
+def test_packaging_records_the_gates_choice_and_figures(trained, tmp_path):
+    from inference.sentiment import precision
+
+    model = copy_model(trained, tmp_path)
+    (model / precision.RECORD).write_text(json.dumps({"precision": "int8", "figures": {}}))  # stale: not copied
+    output = tmp_path / "model.tar.gz"
+    lines = []
+    package.build(model, output, gate_rounds=1, progress=lines.append)
+    record = package.read_archive_record(output)
+    assert record["precision"] in precision.PRECISIONS and record["figures"] != {}
+    assert set(record["figures"]) == {"fp32", "bf16", "int8"}
+    fp32 = record["figures"]["fp32"]
+    assert fp32["agreement"] == 1.0 and fp32["max_change"] == 0.0 and fp32["ms_per_batch"] > 0 and fp32["passed"]
+    for name, figures in record["figures"].items():
+        assert figures["passed"] == (figures["agreement"] >= 0.99 and figures["max_change"] <= 0.05), name
+    gate = record["gate"]
+    assert gate["min_agreement"] == 0.99 and gate["max_probability_change"] == 0.05 and gate["texts"] >= 100
+    assert gate["measured_on"]["torch"].startswith("2.13") and gate["rounds"] == 1
+    assert any(line.startswith("gate: timing round 1/1") for line in lines)
+    # The record sits at the archive root, next to code/, where the server reads it from /opt/ml/model.
+    extracted = tmp_path / "opt-ml-model"
+    with tarfile.open(output, "r:gz") as tar:
+        tar.extractall(extracted, filter="data")
+    assert precision.choose(extracted, None) == record["precision"]
+
+
+def test_skip_gate_writes_no_record_and_the_archive_serves_fp32(trained, tmp_path, capsys):
+    from inference.sentiment import precision
+
+    output = tmp_path / "model.tar.gz"
+    assert package.main(["--model-dir", str(trained.output_dir), "--output", str(output), "--skip-gate"]) == 0
+    assert "no precision.json (--skip-gate)" in capsys.readouterr().out
+    assert package.read_archive_record(output) is None
+    extracted = tmp_path / "opt-ml-model"
+    with tarfile.open(output, "r:gz") as tar:
+        tar.extractall(extracted, filter="data")
+    assert precision.choose(extracted, None) == "fp32"
 
 
 def test_wheelhouse_missing_a_dependency_is_refused(trained, wheelhouse, tmp_path):
