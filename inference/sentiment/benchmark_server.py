@@ -79,8 +79,11 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def install_stop_handlers() -> None:
-    """The first SIGTERM/SIGINT raises Interrupted; later ones are ignored so they cannot break the clean-up."""
+def install_stop_handlers() -> dict:
+    """The first SIGTERM/SIGINT raises Interrupted; later ones are ignored so they cannot break the clean-up.
+
+    Returns the handlers it replaced, for `signal.signal` to put back.
+    """
     received: list[int] = []
 
     def handle(signum, _frame):
@@ -89,8 +92,7 @@ def install_stop_handlers() -> None:
         received.append(signum)
         raise Interrupted(signum)
 
-    for signum in STOP_STATUS:
-        signal.signal(signum, handle)
+    return {signum: signal.signal(signum, handle) for signum in STOP_STATUS}
 
 
 # --- model, work, precision ----------------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ def compare_methods(args, model_dir: Path, archives: dict[str, Path], precision:
 def print_table(results: dict[str, dict[str, Timing]], roof: float) -> None:
     """One line per scenario and method; the last column is requests/s over the first method's (the toolkit's)."""
     reference = next(iter(results))
-    header = (f"{'scenario':<9}{'method':<16}{'req/s':>9}{'texts/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+    header = (f"{'scenario':<10}{'method':<16}{'req/s':>9}{'texts/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
               f"{'GFLOP/s':>9}{'% roof':>8}{'vs ' + reference:>21}")
     say(header)
     say("-" * len(header))
@@ -332,7 +334,7 @@ def print_table(results: dict[str, dict[str, Timing]], roof: float) -> None:
         for method, rows in results.items():
             row = rows[name]
             gflops = row.flops / row.elapsed / 1e9
-            say(f"{name:<9}{method:<16}{row.rate:>9.2f}{row.texts / row.elapsed:>9.1f}"
+            say(f"{name:<10}{method:<16}{row.rate:>9.2f}{row.texts / row.elapsed:>9.1f}"
                 f"{row.percentile(50) * 1000:>9.1f}{row.percentile(99) * 1000:>9.1f}{gflops:>9.1f}"
                 f"{100 * gflops / roof:>7.1f}%{row.rate / base:>20.2f}x")
 
@@ -354,7 +356,7 @@ def rss_check(args, archive: Path, precision: str, log: Path) -> None:
             f"{precision}, worker pid(s) {', '.join(map(str, workers))}")
         say(f"{'requests':>9}{'RSS MiB':>10}{'req/s':>9}")
         samples = [sum(rss_mib(pid) for pid in workers)]
-        say(f"{0:>9}{samples[0]:>10.1f}{'':>9}")
+        say(f"{0:>9}{samples[0]:>10.1f}")
         done, started = 0, time.perf_counter()
         while done < args.rss_requests:
             count = min(step, args.rss_requests - done)
@@ -439,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--mode", choices=("compare", "rss"), default="compare",
                         help="compare: the table of every row and scenario; rss: worker RSS over --rss-requests")
-    parser.add_argument("--model-dir", type=Path, default=None, help="a saved model (default: build one, --preset)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="a saved model (default: build a random-weight one, see --preset)")
     parser.add_argument("--preset", choices=("base", "tiny"), default="base",
                         help="random-weight model to build without --model-dir: RoBERTa-base size, or 2 x 64")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
@@ -461,12 +464,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    install_stop_handlers()
+    previous = install_stop_handlers()
     try:
         return _main(args)
     except Interrupted as stop:
         print(f"{PROG}: stopped by {stop}; servers stopped, no figures", file=sys.stderr, flush=True)
         return STOP_STATUS[stop.signum]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # in-process callers (tests) get their own handling back
 
 
 def _main(args) -> int:
