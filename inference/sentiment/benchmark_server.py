@@ -38,6 +38,7 @@ arguments or model, 130 after Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -80,20 +81,42 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-def install_stop_handlers() -> dict:
-    """The first SIGTERM/SIGINT raises Interrupted; later ones are ignored so they cannot break the clean-up.
+class _StopState:
+    received: int | None = None
+    shield_depth = 0
 
-    Returns the handlers it replaced, for `signal.signal` to put back.
+
+def install_stop_handlers() -> dict:
+    """The first SIGTERM/SIGINT raises Interrupted (at once, or when a `shielded()` block ends); later ones are
+    ignored so they cannot break the clean-up. Returns the handlers it replaced, for `signal.signal` to put back.
     """
-    received: list[int] = []
+    _StopState.received = None
 
     def handle(signum, _frame):
-        if received:
+        if _StopState.received is not None:
             return
-        received.append(signum)
-        raise Interrupted(signum)
+        _StopState.received = signum
+        if not _StopState.shield_depth:
+            raise Interrupted(signum)
 
     return {signum: signal.signal(signum, handle) for signum in STOP_STATUS}
+
+
+@contextlib.contextmanager
+def shielded():
+    """Stopping a server must finish (else a TorchServe could outlive us): a signal meanwhile is raised after it."""
+    _StopState.shield_depth += 1
+    try:
+        yield
+    finally:
+        _StopState.shield_depth -= 1
+    if not _StopState.shield_depth and _StopState.received is not None:
+        raise Interrupted(_StopState.received)
+
+
+def stop_server(server) -> None:
+    with shielded():
+        server.stop()
 
 
 # --- model, work, precision ----------------------------------------------------------------------------------------
@@ -320,7 +343,7 @@ def compare_methods(args, model_dir: Path, archives: dict[str, Path], precision:
                     row.texts += sum(len(batch) for batch in timed)
                     row.flops += sum(flops[text] for batch in timed for text in batch)
             finally:
-                server.stop()
+                stop_server(server)
             say(f"round {round_index + 1}/{args.rounds}: {method.name} done ({time.perf_counter() - started:.0f} s)")
     return results
 
@@ -369,7 +392,7 @@ def rss_check(args, archive: Path, precision: str, log: Path) -> None:
             samples.append(sum(rss_mib(pid) for pid in workers))
             say(f"{done:>9}{samples[-1]:>10.1f}{done / (time.perf_counter() - started):>9.1f}")
     finally:
-        server.stop()
+        stop_server(server)
     first, last = samples[1], samples[-1]
     say(f"RSS at start {samples[0]:.1f} MiB; after the first {step} requests {first:.1f} MiB, after "
         f"{args.rss_requests} {last:.1f} MiB (change {last - first:+.1f} MiB, {100 * (last - first) / first:+.1f}%; "

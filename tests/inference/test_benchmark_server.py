@@ -169,3 +169,19 @@ def test_help_and_bad_arguments(tmp_path, capsys):
         with pytest.raises(SystemExit) as raised:
             benchmark_server.main(argv)
         assert raised.value.code == 2
+
+
+def test_a_signal_while_a_server_stops_is_raised_once_the_stop_has_finished():
+    previous = benchmark_server.install_stop_handlers()
+    finished = []
+    try:
+        with pytest.raises(benchmark_server.Interrupted) as raised, benchmark_server.shielded():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)  # a repeat is only ignored
+            finished.append(True)
+        assert finished == [True]
+        assert raised.value.signum == signal.SIGTERM
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
