@@ -165,9 +165,12 @@ def recorded_precision(archive: Path, model_dir: Path) -> tuple[str | None, str]
 
 
 def measured_gate(model_dir: Path, candidate: str, threads: int) -> tuple[bool, str]:
-    """The issue's gate, measured here: `candidate` against fp32 on the shipped sample, through the server's loader."""
+    """The issue's gate, measured here: `candidate` against fp32 on the shipped sample, through the server's loader.
+
+    Its own arithmetic, not `accuracy_check`'s (issue-21-precision's module), so that branch can change freely.
+    """
     from inference.sentiment import inference as handler
-    from inference.sentiment.accuracy_check import compare, sample_texts
+    from inference.sentiment.benchmark_handler import sample_texts
     from inference.sentiment.server import model as models
 
     texts = sample_texts()
@@ -179,7 +182,9 @@ def measured_gate(model_dir: Path, candidate: str, threads: int) -> tuple[bool, 
         for start in range(0, len(texts), 32):
             ranked += handler.predict_fn(handler.Request(texts[start:start + 32], top_k=len(labels)), loaded.sentiment)
         rows[precision] = [[{e["label"]: e["score"] for e in entries}[label] for label in labels] for entries in ranked]
-    agreement, worst = compare(rows["fp32"], rows[candidate])
+    pairs = list(zip(rows["fp32"], rows[candidate], strict=True))
+    agreement = sum(a.index(max(a)) == b.index(max(b)) for a, b in pairs) / len(pairs)
+    worst = max(abs(x - y) for a, b in pairs for x, y in zip(a, b, strict=True))
     passed = agreement >= GATE_MIN_AGREEMENT and worst <= GATE_TOLERANCE
     return passed, (f"{candidate} vs fp32 on {len(texts)} sample texts: labels agree on {agreement:.1%} "
                     f"(need >= {GATE_MIN_AGREEMENT:.0%}), largest probability change {worst:.4f} "

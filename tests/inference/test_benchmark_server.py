@@ -185,3 +185,10 @@ def test_a_signal_while_a_server_stops_is_raised_once_the_stop_has_finished():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def test_the_gate_measured_here_passes_a_precision_against_itself(model_dir):
+    passed, figures = benchmark_server.measured_gate(model_dir, "fp32", threads=1)
+    assert passed
+    assert re.fullmatch(r"fp32 vs fp32 on \d+ sample texts: labels agree on 100\.0% \(need >= 99%\), largest "
+                        r"probability change 0\.0000 \(allowed 0\.05\): PASS", figures)
