@@ -64,6 +64,7 @@ GOAL_SCENARIO, GOAL_RATIO = "c8", 3.0
 GATE_MIN_AGREEMENT = 0.99
 GATE_TOLERANCE = 0.05
 RSS_CLIENTS = 8
+TORCHSERVE_WAIT_S = 300
 STOP_STATUS = {signal.SIGTERM: 0, signal.SIGINT: 130}
 
 
@@ -278,10 +279,26 @@ class Method:
         if self.precision is None:
             from inference.sentiment.local_stack import LocalStack
 
+            wait_for_other_torchserve()
             return LocalStack(archives["toolkit"], log=log).start()
         from inference.sentiment.server.local import LocalServer
 
         return LocalServer(archives["server"], args=("--precision", self.precision, "--workers", "1"), log=log).start()
+
+
+def wait_for_other_torchserve(timeout: float = TORCHSERVE_WAIT_S, poll: float = 2.0) -> None:
+    """The toolkit allows one TorchServe per machine; on a shared machine another run's may be up for a while."""
+    from inference.sentiment.local_stack import torchserve_pids
+
+    deadline = time.monotonic() + timeout
+    running = torchserve_pids()
+    if running:
+        say(f"  another TorchServe runs here (pid {', '.join(map(str, running))}); waiting up to {timeout:.0f} s "
+            "for it to end (the toolkit allows one per machine)")
+    while running and time.monotonic() < deadline:
+        time.sleep(poll)
+        running = torchserve_pids()
+    # Still running: LocalStack.start refuses with the pid, which ends the benchmark with status 1.
 
 
 def worker_pids(supervisor_pid: int) -> list[int]:

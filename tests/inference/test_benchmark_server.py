@@ -192,3 +192,18 @@ def test_the_gate_measured_here_passes_a_precision_against_itself(model_dir):
     assert passed
     assert re.fullmatch(r"fp32 vs fp32 on \d+ sample texts: labels agree on 100\.0% \(need >= 99%\), largest "
                         r"probability change 0\.0000 \(allowed 0\.05\): PASS", figures)
+
+
+def test_the_toolkit_row_waits_for_another_runs_torchserve_to_end(monkeypatch, capsys):
+    answers = [[4242], [4242], []]
+    monkeypatch.setattr(local_stack, "torchserve_pids", lambda: answers.pop(0))
+    benchmark_server.wait_for_other_torchserve(timeout=30, poll=0.01)
+    assert answers == []
+    assert "another TorchServe runs here (pid 4242); waiting up to 30 s" in capsys.readouterr().out
+
+
+def test_the_wait_for_another_torchserve_ends_at_its_timeout(monkeypatch):
+    monkeypatch.setattr(local_stack, "torchserve_pids", lambda: [4242])
+    started = time.monotonic()
+    benchmark_server.wait_for_other_torchserve(timeout=0.2, poll=0.01)
+    assert time.monotonic() - started < 5
