@@ -101,8 +101,10 @@ serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://12
 serve-local-dlc: install-dev  ## the same on TorchServe + the SageMaker toolkit (sentiment.runtime=dlc's retired stack)
 	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
 
-bench-handler: install-dev  ## HF toolkit default vs our server fp32 and at the gate's precision, real servers, RoBERTa-base size
-	$(PY) -m inference.sentiment.benchmark_server $(ARGS)
+# make bench-handler ARGS="--preset tiny --rounds 1" (quick look); ARGS="--mode rss" (worker RSS over 10,000 requests);
+# HELP=1 prints the tool's help.
+bench-handler: install-dev  ## HF toolkit default vs our server in fp32 and at the gate's precision: real servers, RoBERTa-base size (HELP=1)
+	$(PY) -m inference.sentiment.benchmark_server $(if $(HELP),--help,$(ARGS))
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.llm.loadtest --url $(URL) $(ARGS)

@@ -1,0 +1,209 @@
+"""`make bench-handler` (`inference.sentiment.benchmark_server`) on the tiny preset through the real servers.
+
+Checked: every row of every scenario is printed with every column, the ratios are the rows' requests/s over the
+toolkit row's, the GFLOP/s share is of the roof the run printed, the RSS mode prints its samples, and a stop
+signal stops the servers it started. No timing is asserted. The full runs need TorchServe (`make serving-stack`)
+and .venv-image (`make image-venv`); `make test` sets REQUIRE_SERVING_STACK=1 so that a missing one fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from inference.sentiment import benchmark_server, local_stack
+from inference.sentiment.server import local
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIRE = bool(os.environ.get("REQUIRE_SERVING_STACK"))
+needs_image_venv = pytest.mark.skipif(not local.IMAGE_PYTHON.is_file() and not REQUIRE,
+                                      reason="no .venv-image; run `make image-venv`")
+needs_both = pytest.mark.skipif(
+    (not local.IMAGE_PYTHON.is_file() or not local_stack.SERVING_PYTHON.is_file()) and not REQUIRE,
+    reason="no .venv-image or .venv-serving; run `make image-venv serving-stack`")
+SCENARIOS = [name for name, *_ in benchmark_server.SCENARIOS]
+COLUMNS = ["scenario", "method", "req/s", "texts/s", "p50 ms", "p99 ms", "GFLOP/s", "% roof", "vs toolkit-default"]
+
+
+def table_rows(out: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.split() and line.split()[0] in SCENARIOS]
+
+
+@pytest.mark.slow
+@needs_both
+def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_rows(capsys):
+    argv = ["--preset", "tiny", "--requests", "4", "--batch-requests", "1", "--warmup", "0", "--rounds", "1"]
+    assert benchmark_server.main(argv) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("scenario"))
+    assert re.split(r"\s{2,}", header.strip()) == COLUMNS
+    rows = table_rows(out)
+    methods = ["toolkit-default", "server-fp32", "server-bf16"]
+    assert [row[:2] for row in rows] == [[name, method] for name in SCENARIOS for method in methods]
+    roof = float(re.search(r"bf16 GEMM roof \(2048x2048 matmul, .*\): \d+ GFLOP/s; the table uses the highest, (\d+)$",
+                           out, re.M).group(1))
+    for name in SCENARIOS:
+        scenario = [row for row in rows if row[0] == name]
+        toolkit_rate = float(scenario[0][2])
+        assert scenario[0][-1] == "1.00x"
+        for row in scenario:
+            assert len(row) == len(COLUMNS)
+            rate, ratio = float(row[2]), float(row[-1].removesuffix("x"))
+            assert ratio == pytest.approx(rate / toolkit_rate, rel=0.02, abs=0.011)  # printed values are rounded
+            gflops, share = float(row[6]), float(row[7].removesuffix("%"))
+            assert share == pytest.approx(100 * gflops / roof, abs=0.06 + 100 * 0.05 / roof)
+            assert float(row[5]) >= float(row[4]) > 0  # p99 >= p50
+    assert "precision for the gate's row: bf16 (no precision record" in out
+    assert re.search(r"gate measured here: bf16 vs fp32 on \d+ sample texts: labels agree on", out)
+    assert re.search(r"^goal: server-bf16 at c8 = \d+\.\d\dx toolkit-default's requests/s .*: (NOT )?MET$", out, re.M)
+
+
+@pytest.mark.slow
+@needs_image_venv
+def test_rss_mode_prints_the_workers_memory_every_tenth(capsys):
+    argv = ["--mode", "rss", "--preset", "tiny", "--rss-requests", "20", "--precision", "fp32"]
+    assert benchmark_server.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "worker RSS over 20 single-text requests from 8 clients, our server at fp32" in out
+    samples = [line.split() for line in out.splitlines() if re.fullmatch(r"\s*\d+\s+\d+\.\d(\s+\d+\.\d)?", line)]
+    assert [int(sample[0]) for sample in samples] == list(range(0, 21, 2))
+    assert all(float(sample[1]) > 10 for sample in samples)  # MiB of a process that has torch loaded
+    assert re.search(r"after 20 \d+\.\d MiB \(change [+-]\d+\.\d MiB", out)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.slow
+@needs_image_venv
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_stop_signal_stops_the_servers_and_exits_with_its_status(signum, status):
+    command = [sys.executable, "-m", "inference.sentiment.benchmark_server", "--preset", "tiny", "--no-toolkit",
+               "--requests", "100000", "--rounds", "1"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stdout:
+            if line.startswith("round 1/1: starting server-fp32"):
+                break
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_descendants(process.pid)) < 2:  # the supervisor and its worker
+            time.sleep(0.2)
+        servers = _descendants(process.pid)
+        assert servers, "the benchmark started no server"
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == status
+    assert f"stopped by {signal.Signals(signum).name}; servers stopped, no figures" in err
+    _, alive = psutil.wait_procs(servers, timeout=10)
+    assert not alive, [server.pid for server in alive]
+
+
+def test_text_flops_counts_every_matrix_product_of_the_model(model_dir):
+    """The formula against the model itself: 2 FLOPs per weight per token, plus attention's two t x t products."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    encoder_weights = sum(module.weight.numel() for module in model.roberta.encoder.modules()
+                          if isinstance(module, torch.nn.Linear))
+    head_weights = sum(module.weight.numel() for module in model.classifier.modules()
+                       if isinstance(module, torch.nn.Linear))
+    tokens, d, layers = 40, config.hidden_size, config.num_hidden_layers
+    expected = 2 * tokens * encoder_weights + layers * 2 * 2 * tokens * tokens * d + 2 * head_weights
+    assert benchmark_server.text_flops(tokens, config) == expected
+
+
+def test_the_recorded_precision_comes_from_the_archive_else_the_model_dir(model_dir, tmp_path):
+    from inference.sentiment import precision
+    from training import package
+
+    plain = tmp_path / "plain.tar.gz"
+    package.build(model_dir, plain)
+    assert benchmark_server.recorded_precision(plain, model_dir)[0] is None
+    recorded = shutil.copytree(model_dir, tmp_path / "recorded")
+    (recorded / precision.RECORD).write_text('{"precision": "bf16"}')
+    archive = tmp_path / "recorded.tar.gz"
+    package.build(recorded, archive)
+    chosen, why = benchmark_server.recorded_precision(archive, tmp_path / "elsewhere")
+    assert (chosen, why) == ("bf16", f"recorded in recorded.tar.gz:{precision.RECORD}")
+    assert benchmark_server.recorded_precision(plain, recorded)[0] == "bf16"
+
+
+def test_requests_are_planned_per_round_with_warmup_and_at_least_one_per_client():
+    args = benchmark_server.build_parser().parse_args(["--requests", "4", "--batch-requests", "2", "--rounds", "3"])
+    plan = benchmark_server.plan_requests(args, ["one text", "another text", "a third", "and a fourth one"])
+    assert {name: (clients, len(requests)) for name, (clients, requests) in plan.items()} == {
+        "c1": (1, 3 * (1 + 4)), "c8": (8, 3 * (8 + 8)), "c32": (32, 3 * (32 + 32)), "b8": (1, 3 * (1 + 2)),
+        "b32": (1, 3 * (1 + 2))}
+    assert {len(batch) for batch in plan["b32"][1]} == {32}
+
+
+def test_help_and_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as raised:
+        benchmark_server.main(["--help"])
+    assert raised.value.code == 0
+    assert "Exit status: 0 done" in capsys.readouterr().out
+    assert benchmark_server.main(["--model-dir", str(tmp_path / "none")]) == 2
+    assert "error: --model-dir" in capsys.readouterr().err
+    for argv in (["--requests", "0"], ["--warmup", "-1"], ["--precision", "int8"], ["--mode", "x"],
+                 ["--rss-requests", "0"]):
+        with pytest.raises(SystemExit) as raised:
+            benchmark_server.main(argv)
+        assert raised.value.code == 2
+
+
+def test_a_signal_while_a_server_stops_is_raised_once_the_stop_has_finished():
+    previous = benchmark_server.install_stop_handlers()
+    finished = []
+    try:
+        with pytest.raises(benchmark_server.Interrupted) as raised, benchmark_server.shielded():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGINT)  # a repeat is only ignored
+            finished.append(True)
+        assert finished == [True]
+        assert raised.value.signum == signal.SIGTERM
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def test_the_gate_measured_here_passes_a_precision_against_itself(model_dir):
+    passed, figures = benchmark_server.measured_gate(model_dir, "fp32", threads=1)
+    assert passed
+    assert re.fullmatch(r"fp32 vs fp32 on \d+ sample texts: labels agree on 100\.0% \(need >= 99%\), largest "
+                        r"probability change 0\.0000 \(allowed 0\.05\): PASS", figures)
+
+
+def test_the_toolkit_row_waits_for_another_runs_torchserve_to_end(monkeypatch, capsys):
+    answers = [[4242], [4242], []]
+    monkeypatch.setattr(local_stack, "torchserve_pids", lambda: answers.pop(0))
+    benchmark_server.wait_for_other_torchserve(timeout=30, poll=0.01)
+    assert answers == []
+    assert "another TorchServe runs here (pid 4242); waiting up to 30 s" in capsys.readouterr().out
+
+
+def test_the_wait_for_another_torchserve_ends_at_its_timeout(monkeypatch):
+    monkeypatch.setattr(local_stack, "torchserve_pids", lambda: [4242])
+    started = time.monotonic()
+    benchmark_server.wait_for_other_torchserve(timeout=0.2, poll=0.01)
+    assert time.monotonic() - started < 5
