@@ -1,0 +1,83 @@
+"""The sentiment model's training run (EC2 recipe or SageMaker backend)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import model_validator
+
+from settings.errors import SettingsError
+from settings.fields import INSTANCE_TYPE_EC2, LOG_RETENTION_DAYS, section, setting
+
+_TAG = r"^[A-Za-z0-9._-]+$"
+
+
+@section
+class TrainingSettings:
+    enabled: bool = setting(False, description="start the paid GPU training run on deploy (always explicit)")
+    instance_type: str = setting("p4d.24xlarge", pattern=INSTANCE_TYPE_EC2,
+                                 allowed="an EC2 instance type such as p4d.24xlarge",
+                                 description="GPU instance type (ml. is prefixed for SageMaker)")
+    run_id: str = setting("run-0001", pattern=r"^[a-z0-9][a-z0-9-]{0,47}$",
+                          allowed="lowercase letters, digits and '-', at most 48 characters",
+                          description="names the run's outputs; a new id means a new run")
+    volume_gib: int = setting(200, ge=50, le=16384, unit="GiB", description="root volume of the EC2 instance")
+    max_hours: int = setting(6, ge=1, le=72, unit="hours", description="the run stops itself after this")
+    log_retention_days: Literal[LOG_RETENTION_DAYS] = setting(30, unit="days", description="training log retention")
+    ami_parameter: str = setting(
+        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
+        pattern=r"^/aws/service/.+", allowed="a public SSM parameter name under /aws/service/",
+        description="SSM parameter holding the Deep Learning AMI id")
+    base_image_tag: str = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-ec2", pattern=_TAG,
+                                  description="pytorch-training DLC tag for the EC2 run")
+    base_model: str = setting("cardiffnlp/twitter-roberta-base-sep2022", description="Hugging Face model to fine-tune")
+    epochs: int = setting(10, ge=1, le=100, description="training epochs")
+    learning_rate: float = setting(1e-5, ge=1e-7, le=1e-2, description="peak learning rate")
+    per_device_batch_size: int = setting(16, ge=1, le=1024, description="batch size per GPU (train and eval)")
+    max_length: int = setting(128, ge=8, le=512, unit="tokens", description="padded sequence length")
+    max_train_samples: int | None = setting(None, ge=1, le=10_000_000,
+                                            description="a slice of the training data for cheap runs; none: all")
+    max_eval_samples: int | None = setting(None, ge=1, le=10_000_000,
+                                           description="a slice of the evaluation data; none: all")
+    availability_zone: str | None = setting(None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$",
+                                            allowed="a zone name such as us-west-2a",
+                                            description="where P-instance capacity is; none: first private subnet")
+    capacity_reservation_id: str | None = setting(None, pattern=r"^cr-[0-9a-f]{8,17}$",
+                                                  allowed="a capacity reservation id such as cr-0123456789abcdef0",
+                                                  description="ODCR or Capacity Block to launch into")
+    backend: Literal["ec2", "sagemaker"] = setting(
+        "ec2", description="ec2: one self-terminating instance; sagemaker: a SageMaker Pipeline (make train)")
+    instance_count: int = setting(1, ge=1, le=64, description="SageMaker backend: instances, torchrun across all")
+    spot: bool = setting(False, description="SageMaker managed spot training")
+    spot_max_wait_hours: int | None = setting(None, ge=1, le=72, unit="hours",
+                                              description="managed spot wait incl. runtime; none: 2 x max_hours")
+    min_macro_recall: float = setting(0.6, ge=0.0, le=1.0,
+                                      description="the pipeline registers the model only at this validation recall")
+    sagemaker_image_tag: str = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker", pattern=_TAG,
+                                       allowed="a pytorch-training image tag ending in -sagemaker",
+                                       description="pytorch-training DLC tag for the SageMaker backend")
+
+    @model_validator(mode="after")
+    def _backend_rules(self) -> TrainingSettings:
+        if self.backend == "ec2" and self.instance_count != 1:
+            raise SettingsError("training.instance_count", self.instance_count,
+                                "1 with training.backend=ec2 (multi-node needs training.backend=sagemaker)")
+        if self.backend == "ec2" and self.spot:
+            raise SettingsError("training.spot", self.spot, "false with training.backend=ec2 (managed spot "
+                                "needs training.backend=sagemaker)")
+        if self.spot_max_wait_hours is not None and self.spot_max_wait_hours < self.max_hours:
+            raise SettingsError("training.spot_max_wait_hours", self.spot_max_wait_hours,
+                                f"at least training.max_hours ({self.max_hours}), or unset")
+        if self.backend == "sagemaker" and not self.sagemaker_image_tag.endswith("-sagemaker"):
+            raise SettingsError("training.sagemaker_image_tag", self.sagemaker_image_tag,
+                                "a pytorch-training tag ending in -sagemaker (the -ec2 images are for EC2)")
+        return self
+
+    @property
+    def sagemaker_instance_type(self) -> str:
+        return f"ml.{self.instance_type}"
+
+    @property
+    def spot_wait_hours(self) -> int:
+        """MaxWaitTimeInSeconds in hours: the setting, or twice the runtime limit (72 h at most)."""
+        return self.spot_max_wait_hours or min(2 * self.max_hours, 72)
