@@ -8,14 +8,7 @@ Nothing here imports the CDK: stacks, training and inference tools all build on 
 """
 
 from settings.errors import SettingsError
-from settings.fields import (
-    INSTANCE_TYPE_EC2,
-    INSTANCE_TYPE_SAGEMAKER,
-    LOG_RETENTION_DAYS,
-    REGION,
-    section,
-    setting,
-)
+from settings.fields import LOG_RETENTION_DAYS, Allowed, section, setting, text
 from settings.model import Settings
 from settings.network import ArtifactSettings, EndpointSettings, NetworkSettings
 from settings.operations import OperationsSettings, PipelineSettings
@@ -35,9 +28,9 @@ from settings.sources import (
 from settings.training import TrainingSettings
 
 __all__ = [
-    "CDK_JSON", "DEFAULT_ENVIRONMENT", "INSTANCE_TYPE_EC2", "INSTANCE_TYPE_SAGEMAKER", "LMI_VERSIONS",
-    "LOG_RETENTION_DAYS", "REGION", "REPO_ROOT", "ArtifactSettings", "EndpointSettings", "FalconSettings",
-    "NetworkSettings", "OperationsSettings", "PipelineSettings", "SentimentSettings", "Settings", "SettingsError",
-    "TrainingSettings", "known_settings", "load_settings", "load_with_sources", "overrides_from_context",
-    "read_environments", "read_shared", "section", "setting", "settings_from_context",
+    "CDK_JSON", "DEFAULT_ENVIRONMENT", "LMI_VERSIONS", "LOG_RETENTION_DAYS", "REPO_ROOT", "Allowed",
+    "ArtifactSettings", "EndpointSettings", "FalconSettings", "NetworkSettings", "OperationsSettings",
+    "PipelineSettings", "SentimentSettings", "Settings", "SettingsError", "TrainingSettings", "known_settings",
+    "load_settings", "load_with_sources", "overrides_from_context", "read_environments", "read_shared", "section",
+    "setting", "settings_from_context", "text",
 ]

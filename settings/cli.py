@@ -60,7 +60,7 @@ def _json_value(value: Any) -> Any:
 
 
 def type_name(key: str) -> str:
-    kind, optional = value_type(catalogue()[key])
+    kind, optional, _ = value_type(catalogue()[key])
     name = {bool: "bool", int: "int", float: "float", str: "str"}.get(kind, "list[str]" if kind is not None
                                                                        and "tuple" in str(kind) else "choice")
     return f"{name} | none" if optional else name
@@ -71,9 +71,9 @@ def describe(env_name: str | None, overrides: dict[str, str]) -> list[dict[str, 
     settings, sources = load_with_sources(env_name, overrides)
     rows = []
     for key, info in catalogue().items():
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        unit = info.json_schema_extra.get("unit") if isinstance(info.json_schema_extra, dict) else None
         rows.append({"key": key, "value": _json_value(_get(settings, key)), "source": sources[key],
-                     "type": type_name(key), "allowed": describe_allowed(info), "unit": extra.get("unit"),
+                     "type": type_name(key), "allowed": describe_allowed(info), "unit": unit,
                      "description": info.description or "", "environment": settings.name})
     return rows
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from settings.fields import ACCOUNT, REGION, section, setting
+from settings.fields import AwsAccount, AwsRegion, section, setting, text
 from settings.network import ArtifactSettings, NetworkSettings
 from settings.operations import OperationsSettings, PipelineSettings
 from settings.serving import FalconSettings, SentimentSettings
@@ -14,13 +14,10 @@ class Settings:
     """Everything one environment deploys; built only through `load_settings`."""
 
     name: str
-    project: str = setting("mlrecipes", pattern=r"^[a-z][a-z0-9-]{1,20}$",
-                           allowed="lowercase letters, digits and '-', 2 to 21 characters",
-                           description="prefix of stack names and tags")
-    region: str = setting("us-west-2", pattern=REGION, allowed="an AWS region name such as us-west-2",
-                          description="the environment's region")
-    account: str | None = setting(None, pattern=ACCOUNT, allowed="a 12-digit AWS account id",
-                                  description="the environment's account; none: environment-agnostic stacks")
+    project: text(r"^[a-z][a-z0-9-]{1,20}$", "lowercase letters, digits and '-', 2 to 21 characters") = setting(
+        "mlrecipes", description="prefix of stack names and tags")
+    region: AwsRegion = setting("us-west-2", description="the environment's region")
+    account: AwsAccount | None = setting(None, description="the environment's account; none: account-agnostic")
     network: NetworkSettings = setting(default_factory=NetworkSettings, description="VPC")
     artifacts: ArtifactSettings = setting(default_factory=ArtifactSettings, description="artifact bucket")
     training: TrainingSettings = setting(default_factory=TrainingSettings, description="training run")

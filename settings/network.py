@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import model_validator
 
 from settings.errors import SettingsError
-from settings.fields import LOG_RETENTION_DAYS, section, setting
+from settings.fields import LogRetentionDays, section, setting, text
 
 
 @section
@@ -28,14 +26,12 @@ class EndpointSettings:
 
 @section
 class NetworkSettings:
-    cidr: str = setting("10.40.0.0/16", pattern=r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|2[0-4])$",
-                        allowed="an IPv4 CIDR block from /16 to /24", description="the VPC's address range")
-    availability_zones: tuple[str, ...] = setting(
-        (), allowed="two zone names such as us-west-2a,us-west-2b",
-        description="zone names, needed only when an account is set (offline synth cannot look them up)")
+    cidr: text(r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|2[0-4])$", "an IPv4 CIDR block from /16 to /24") = setting(
+        "10.40.0.0/16", description="the VPC's address range")
+    availability_zones: tuple[str, ...] = setting((), description="two zone names such as us-west-2a,us-west-2b, "
+                                                  "needed only with an account (offline synth cannot look them up)")
     nat_gateways: int = setting(1, ge=1, le=2, description="NAT gateways (2 for zone redundancy)")
-    flow_log_retention_days: Literal[LOG_RETENTION_DAYS] = setting(90, unit="days",
-                                                                   description="VPC flow log retention")
+    flow_log_retention_days: LogRetentionDays = setting(90, unit="days", description="VPC flow log retention")
     endpoints: EndpointSettings = setting(default_factory=EndpointSettings, description="VPC endpoints")
 
     @model_validator(mode="after")

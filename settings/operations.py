@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from settings.fields import ACCOUNT, LOG_RETENTION_DAYS, REGION, section, setting
+from settings.fields import AwsAccount, AwsRegion, LogRetentionDays, section, setting, text
 
 
 @section
 class OperationsSettings:
     """Glue and visibility: model registration, the training watchdog, alarms and the dashboard."""
 
-    alarm_email: str | None = setting(None, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$", allowed="an e-mail address",
-                                      description="subscribed to the alarm topic (confirm by mail)")
+    alarm_email: text(r"^[^@\s]+@[^@\s]+\.[^@\s]+$", "an e-mail address") | None = setting(
+        None, description="subscribed to the alarm topic (confirm by mail)")
     watchdog_minutes: int = setting(15, ge=5, le=1440, unit="minutes", description="training watchdog period")
-    log_retention_days: Literal[LOG_RETENTION_DAYS] = setting(90, unit="days", description="Lambda log retention")
-    powertools_version: str = setting("3.37.0", pattern=r"^\d+\.\d+\.\d+$", allowed="a version such as 3.37.0",
-                                      description="Powertools for AWS Lambda layer, from the pinned package")
-    endpoint_log_retention_days: Literal[LOG_RETENTION_DAYS] = setting(
-        90, unit="days", description="retention of the endpoints' container log groups")
+    log_retention_days: LogRetentionDays = setting(90, unit="days", description="Lambda log retention")
+    powertools_version: text(r"^\d+\.\d+\.\d+$", "a version such as 3.37.0") = setting(
+        "3.37.0", description="Powertools for AWS Lambda layer, built from the pinned package")
+    endpoint_log_retention_days: LogRetentionDays = setting(90, unit="days", description="endpoint log retention")
 
 
 @section
@@ -26,18 +23,14 @@ class PipelineSettings:
     """The CDK pipeline that deploys dev, staging and prod; usually set once in cdk.json `shared`."""
 
     enabled: bool = setting(False, description="synthesize the delivery pipeline instead of one environment")
-    connection_arn: str = setting(
+    connection_arn: text(r"^arn:aws[a-z-]*:code(star-)?connections:[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$",
+                         "a CodeConnections connection ARN") = setting(
         "arn:aws:codeconnections:us-west-2:111111111111:connection/00000000-0000-0000-0000-000000000000",
-        pattern=r"^arn:aws[a-z-]*:code(star-)?connections:[a-z0-9-]+:\d{12}:connection/[0-9a-f-]{36}$",
-        allowed="a CodeConnections connection ARN", description="source connection")
-    repository: str = setting("my-org/ml-recipes", pattern=r"^[\w.-]+/[\w.-]+$", allowed="owner/name",
-                              description="source repository")
-    branch: str = setting("main", pattern=r"^[\w./-]+$", allowed="a branch name", description="source branch")
-    account: str | None = setting(None, pattern=ACCOUNT, allowed="a 12-digit AWS account id",
-                                  description="the pipeline's account")
-    region: str | None = setting(None, pattern=REGION, allowed="an AWS region name such as us-west-2",
-                                 description="the pipeline's region")
-    stages: tuple[str, ...] = setting(("dev", "staging", "prod"), allowed="environment names in deploy order",
-                                      description="environments the pipeline deploys, in order")
-    approval_before: str = setting("prod", pattern=r"^[a-z][a-z0-9-]*$", allowed="an environment name",
-                                   description="a manual approval is placed before this stage")
+        description="source connection")
+    repository: text(r"^[\w.-]+/[\w.-]+$", "owner/name") = setting("my-org/ml-recipes", description="source repo")
+    branch: text(r"^[\w./-]+$", "a branch name") = setting("main", description="source branch")
+    account: AwsAccount | None = setting(None, description="the pipeline's account")
+    region: AwsRegion | None = setting(None, description="the pipeline's region")
+    stages: tuple[str, ...] = setting(("dev", "staging", "prod"), description="environments to deploy, in order")
+    approval_before: text(r"^[a-z][a-z0-9-]*$", "an environment name") = setting(
+        "prod", description="a manual approval is placed before this stage")

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import model_validator
 
 from settings.errors import SettingsError
-from settings.fields import INSTANCE_TYPE_SAGEMAKER, section, setting
+from settings.fields import SageMakerInstanceType, section, setting, text
 
 # LMI releases whose DJL Serving source was read (inference/llm/lmi/versions.py says what each one does).
 LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
@@ -18,12 +18,9 @@ class SentimentSettings:
     """The Graviton endpoint for the fine-tuned model (images and instance sizes in stacks/sentiment.py)."""
 
     enabled: bool = setting(False, description="deploy the sentiment endpoint")
-    model_data_url: str | None = setting(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$",
-                                         allowed="an s3:// URI of a model.tar.gz",
-                                         description="the trained model archive (needed when enabled)")
-    instance_type: str = setting("ml.c7g.4xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
-                                 allowed="a SageMaker instance type such as ml.c7g.4xlarge",
-                                 description="endpoint instance type")
+    model_data_url: text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$", "an s3:// URI of a model.tar.gz"
+                         ) | None = setting(None, description="the trained model archive (needed when enabled)")
+    instance_type: SageMakerInstanceType = setting("ml.c7g.4xlarge", description="endpoint instance type")
     pytorch_version: Literal["2.4.0", "2.6.0"] = setting("2.6.0", description="PyTorch Graviton inference image")
     min_instances: int = setting(1, ge=1, le=20, description="endpoint instances at least")
     max_instances: int = setting(2, ge=1, le=20, description="endpoint instances at most (autoscaling)")
@@ -36,8 +33,7 @@ class SentimentSettings:
     bake_minutes: int = setting(10, ge=1, le=60, unit="minutes", description="blue/green wait watched by alarms")
     autoscaling: bool = setting(True, description="target tracking between min and max instances; turn off to "
                                                   "change instance_type (README, Updating)")
-    quantize: Literal["none", "int8"] = setting("none", description="dynamic int8 Linear layers at load "
-                                                                    "(check accuracy first)")
+    quantize: Literal["none", "int8"] = setting("none", description="int8 Linear layers at load (check accuracy)")
 
     @model_validator(mode="after")
     def _consistent(self) -> SentimentSettings:
@@ -55,22 +51,17 @@ class FalconSettings:
     """The Falcon recipe's LMI deployment; cross-checks against GPUs and container live in inference.llm.lmi."""
 
     enabled: bool = setting(False, description="deploy the Falcon LMI endpoint")
-    model_id: str = setting("tiiuae/falcon-40b", pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$",
-                            allowed="a Hugging Face model id such as tiiuae/falcon-40b", description="model to serve")
-    model_s3_uri: str | None = setting(None, pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$",
-                                       allowed="an s3:// prefix ending in /",
-                                       description="uncompressed weights served from /opt/ml/model, not the hub")
-    model_revision: str | None = setting(None, pattern=r"^[A-Za-z0-9][\w.-]{0,99}$",
-                                         allowed="a Hugging Face revision: a commit hash, tag or branch name",
-                                         description="hub revision to download; none: main")
-    instance_type: str = setting("ml.g5.48xlarge", pattern=INSTANCE_TYPE_SAGEMAKER,
-                                 allowed="a SageMaker instance type such as ml.g5.48xlarge",
-                                 description="endpoint instance type")
+    model_id: text(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", "a Hugging Face model id such as tiiuae/falcon-40b"
+                   ) = setting("tiiuae/falcon-40b", description="model to serve")
+    model_s3_uri: text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$", "an s3:// prefix ending in /") | None = setting(
+        None, description="uncompressed weights served from /opt/ml/model, not the hub")
+    model_revision: text(r"^[A-Za-z0-9][\w.-]{0,99}$", "a Hugging Face revision: a commit hash, tag or branch name"
+                         ) | None = setting(None, description="hub revision to download; none: main")
+    instance_type: SageMakerInstanceType = setting("ml.g5.48xlarge", description="endpoint instance type")
     tensor_parallel_degree: Literal[1, 2, 4, 8] = setting(8, description="GPUs the model is split across")
     dtype: Literal["fp16", "bf16"] = setting("fp16", description="weight precision")
     lmi_version: Literal[LMI_VERSIONS] = setting("0.33.0", description="LMI (DJL Serving) container release")
-    batching: Literal["dynamic", "rolling", "rolling_paged"] = setting("rolling_paged",
-                                                                       description="batching mode")
+    batching: Literal["dynamic", "rolling", "rolling_paged"] = setting("rolling_paged", description="batching mode")
     batch_size: int = setting(4, ge=1, le=64, description="dynamic batching: requests per batch")
     max_batch_delay_ms: int = setting(100, ge=1, le=10000, unit="ms", description="dynamic batching: batch wait")
     max_rolling_batch_size: int = setting(32, ge=1, le=1024, description="continuous batching: sequences at once")
@@ -80,16 +71,14 @@ class FalconSettings:
     max_new_tokens: int = setting(256, ge=1, le=131072, unit="tokens", description="generated tokens at most")
     gpu_memory_utilization: float = setting(0.9, ge=0.5, le=0.98,
                                             description="vLLM's share of each GPU (LMI 0.33+ continuous batching)")
-    output_formatter: Literal["json", "jsonlines"] = setting("json", description="LMI 0.23 rolling batch stream "
-                                                                                 "format")
+    output_formatter: Literal["json", "jsonlines"] = setting("json", description="LMI 0.23 streaming format")
     model_loading_timeout_s: int = setting(1800, ge=60, le=3600, unit="s", description="LMI model loading timeout")
     startup_health_check_timeout_s: int = setting(3600, ge=60, le=3600, unit="s",
                                                   description="SageMaker container start-up health check timeout")
     download_timeout_s: int = setting(3600, ge=60, le=3600, unit="s", description="SageMaker model download timeout")
     min_instances: int = setting(1, ge=1, le=10, description="endpoint instances at least")
     max_instances: int = setting(1, ge=1, le=10, description="endpoint instances at most")
-    model_layers: int | None = setting(None, ge=1, le=1000, description="architecture of a model outside the "
-                                                                        "catalogue: layers")
+    model_layers: int | None = setting(None, ge=1, le=1000, description="a model outside the catalogue: layers")
     model_attention_heads: int | None = setting(None, ge=1, le=1024, description="... attention heads")
     model_kv_heads: int | None = setting(None, ge=1, le=1024, description="... key/value heads")
     model_head_dim: int | None = setting(None, ge=1, le=4096, description="... head dimension")

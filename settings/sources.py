@@ -14,12 +14,13 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from settings.errors import SettingsError
+from settings.fields import Allowed
 from settings.model import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -175,19 +176,21 @@ def _check_known(key: str, value: Any) -> None:
     raise SettingsError(key, value, allowed)
 
 
-def value_type(info: FieldInfo) -> tuple[Any, bool]:
-    """(the setting's type without None, whether None is allowed)."""
-    kind = info.annotation
+def value_type(info: FieldInfo) -> tuple[Any, bool, list[Any]]:
+    """(the setting's type without None or Annotated, whether None is allowed, its constraints and markers)."""
+    kind, optional, metadata = info.annotation, False, list(info.metadata)
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        return next(a for a in typing.get_args(kind) if a is not type(None)), True
-    return kind, False
+        kind, optional = next(a for a in typing.get_args(kind) if a is not type(None)), True
+    if typing.get_origin(kind) is Annotated:
+        kind, metadata = kind.__origin__, metadata + list(kind.__metadata__)
+    return kind, optional, metadata
 
 
 def _lax(key: str, value: Any) -> Any:
     """What a `-c` string means for this setting's type; pydantic's lax mode does the rest (bools, numbers)."""
     if not isinstance(value, str):
         return value
-    kind, optional = value_type(catalogue()[key])
+    kind, optional, _ = value_type(catalogue()[key])
     text = value.strip()
     if optional and text.lower() in ("", "none", "null"):
         return None
@@ -200,15 +203,15 @@ def _lax(key: str, value: Any) -> Any:
 
 def describe_allowed(info: FieldInfo, error_type: str = "") -> str:
     """What a setting accepts, in words: choices, the declared phrase, or its type and range."""
-    kind, _ = value_type(info)
+    kind, _, metadata = value_type(info)
     if typing.get_origin(kind) is Literal:
         return "one of " + ", ".join(str(choice) for choice in typing.get_args(kind))
-    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    if extra.get("allowed"):
-        return str(extra["allowed"])
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    word = words.get(kind, "a comma-separated list")
-    bounds = {type(m).__name__: m for m in info.metadata}
+    words = next((m.words for m in metadata if isinstance(m, Allowed)), None)
+    if words:
+        return words
+    word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        kind, "a comma-separated list")
+    bounds = {type(m).__name__: m for m in metadata}
     if "Ge" in bounds and "Le" in bounds:
         low, high = bounds["Ge"].ge, bounds["Le"].le
         return f"{'a value' if error_type in _RANGE_ERRORS else word} from {low:g} to {high:g}"

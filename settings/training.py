@@ -7,55 +7,43 @@ from typing import Literal
 from pydantic import model_validator
 
 from settings.errors import SettingsError
-from settings.fields import INSTANCE_TYPE_EC2, LOG_RETENTION_DAYS, section, setting
-
-_TAG = r"^[A-Za-z0-9._-]+$"
+from settings.fields import Ec2InstanceType, ImageTag, LogRetentionDays, section, setting, text
 
 
 @section
 class TrainingSettings:
     enabled: bool = setting(False, description="start the paid GPU training run on deploy (always explicit)")
-    instance_type: str = setting("p4d.24xlarge", pattern=INSTANCE_TYPE_EC2,
-                                 allowed="an EC2 instance type such as p4d.24xlarge",
-                                 description="GPU instance type (ml. is prefixed for SageMaker)")
-    run_id: str = setting("run-0001", pattern=r"^[a-z0-9][a-z0-9-]{0,47}$",
-                          allowed="lowercase letters, digits and '-', at most 48 characters",
-                          description="names the run's outputs; a new id means a new run")
+    instance_type: Ec2InstanceType = setting("p4d.24xlarge", description="GPU instance (ml. prefixed for SageMaker)")
+    run_id: text(r"^[a-z0-9][a-z0-9-]{0,47}$", "lowercase letters, digits and '-', at most 48 characters") = setting(
+        "run-0001", description="names the run's outputs; a new id means a new run")
     volume_gib: int = setting(200, ge=50, le=16384, unit="GiB", description="root volume of the EC2 instance")
     max_hours: int = setting(6, ge=1, le=72, unit="hours", description="the run stops itself after this")
-    log_retention_days: Literal[LOG_RETENTION_DAYS] = setting(30, unit="days", description="training log retention")
-    ami_parameter: str = setting(
+    log_retention_days: LogRetentionDays = setting(30, unit="days", description="training log retention")
+    ami_parameter: text(r"^/aws/service/.+", "a public SSM parameter name under /aws/service/") = setting(
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
-        pattern=r"^/aws/service/.+", allowed="a public SSM parameter name under /aws/service/",
         description="SSM parameter holding the Deep Learning AMI id")
-    base_image_tag: str = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-ec2", pattern=_TAG,
-                                  description="pytorch-training DLC tag for the EC2 run")
-    base_model: str = setting("cardiffnlp/twitter-roberta-base-sep2022", description="Hugging Face model to fine-tune")
+    base_image_tag: ImageTag = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-ec2", description="DLC tag, EC2 run")
+    base_model: str = setting("cardiffnlp/twitter-roberta-base-sep2022", description="Hugging Face model to tune")
     epochs: int = setting(10, ge=1, le=100, description="training epochs")
     learning_rate: float = setting(1e-5, ge=1e-7, le=1e-2, description="peak learning rate")
     per_device_batch_size: int = setting(16, ge=1, le=1024, description="batch size per GPU (train and eval)")
     max_length: int = setting(128, ge=8, le=512, unit="tokens", description="padded sequence length")
-    max_train_samples: int | None = setting(None, ge=1, le=10_000_000,
-                                            description="a slice of the training data for cheap runs; none: all")
-    max_eval_samples: int | None = setting(None, ge=1, le=10_000_000,
-                                           description="a slice of the evaluation data; none: all")
-    availability_zone: str | None = setting(None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$",
-                                            allowed="a zone name such as us-west-2a",
-                                            description="where P-instance capacity is; none: first private subnet")
-    capacity_reservation_id: str | None = setting(None, pattern=r"^cr-[0-9a-f]{8,17}$",
-                                                  allowed="a capacity reservation id such as cr-0123456789abcdef0",
-                                                  description="ODCR or Capacity Block to launch into")
+    max_train_samples: int | None = setting(None, ge=1, le=10_000_000, description="a slice of the training data "
+                                                                                   "for cheap runs; none: all")
+    max_eval_samples: int | None = setting(None, ge=1, le=10_000_000, description="a slice of the evaluation data")
+    availability_zone: text(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$", "a zone name such as us-west-2a") | None = setting(
+        None, description="where P-instance capacity is; none: the first private subnet")
+    capacity_reservation_id: text(r"^cr-[0-9a-f]{8,17}$", "a capacity reservation id such as "
+                                  "cr-0123456789abcdef0") | None = setting(None, description="ODCR or Capacity Block")
     backend: Literal["ec2", "sagemaker"] = setting(
         "ec2", description="ec2: one self-terminating instance; sagemaker: a SageMaker Pipeline (make train)")
     instance_count: int = setting(1, ge=1, le=64, description="SageMaker backend: instances, torchrun across all")
     spot: bool = setting(False, description="SageMaker managed spot training")
     spot_max_wait_hours: int | None = setting(None, ge=1, le=72, unit="hours",
                                               description="managed spot wait incl. runtime; none: 2 x max_hours")
-    min_macro_recall: float = setting(0.6, ge=0.0, le=1.0,
-                                      description="the pipeline registers the model only at this validation recall")
-    sagemaker_image_tag: str = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker", pattern=_TAG,
-                                       allowed="a pytorch-training image tag ending in -sagemaker",
-                                       description="pytorch-training DLC tag for the SageMaker backend")
+    min_macro_recall: float = setting(0.6, ge=0.0, le=1.0, description="registration needs this validation recall")
+    sagemaker_image_tag: ImageTag = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker",
+                                            description="pytorch-training DLC tag (-sagemaker) for that backend")
 
     @model_validator(mode="after")
     def _backend_rules(self) -> TrainingSettings:
