@@ -103,3 +103,11 @@ def test_stacks_settings_entry_point_is_the_same_cli():
                             capture_output=True, text=True, timeout=60, check=True)
     rows = {row["key"]: row for row in json.loads(result.stdout)}
     assert rows["sentiment.min_instances"]["source"] == "cdk.json environments.prod"
+
+
+def test_settings_sit_below_the_cdk_layer():
+    code = ("import sys, settings, settings.cli, settings.schema; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aws_cdk', 'constructs', 'jsii', 'stacks')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
