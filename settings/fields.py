@@ -1,4 +1,4 @@
-"""How a setting is declared: `name: type = setting(default, description=..., ge=..., le=..., unit=...)`.
+"""How a setting is declared: `name: type = setting(default, "what it means", ge=..., le=..., unit=...)`.
 
 Choices are `Literal[...]`, optional settings `X | None`, comma lists `tuple[str, ...]`, and strings with a
 shape `text(pattern, allowed)` or one of the named shapes below.
@@ -52,10 +52,9 @@ def section(cls: type) -> type:
     return dataclass(frozen=True, config=CONFIG)(cls)
 
 
-def setting(default: Any = None, *, description: str, unit: str | None = None, ge: float | None = None,
-            le: float | None = None, default_factory: Any = None) -> Any:
-    """One setting's default, range, unit and meaning, declared together."""
-    extra = {"unit": unit} if unit else None
-    if default_factory is not None:
-        return Field(default_factory=default_factory, description=description)
-    return Field(default, description=description, ge=ge, le=le, json_schema_extra=extra)
+def setting(default: Any, description: str, *, unit: str | None = None, ge: float | None = None,
+            le: float | None = None) -> Any:
+    """One setting's default, meaning, range and unit, declared together; a section class is its own default."""
+    if isinstance(default, type):
+        return Field(default_factory=default, description=description)
+    return Field(default, description=description, ge=ge, le=le, json_schema_extra={"unit": unit} if unit else None)

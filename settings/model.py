@@ -8,23 +8,24 @@ from settings.operations import OperationsSettings, PipelineSettings
 from settings.serving import FalconSettings, SentimentSettings
 from settings.training import TrainingSettings
 
+ProjectName = text(r"^[a-z][a-z0-9-]{1,20}$", "lowercase letters, digits and '-', 2 to 21 characters")
+
 
 @section
 class Settings:
     """Everything one environment deploys; built only through `load_settings`."""
 
     name: str
-    project: text(r"^[a-z][a-z0-9-]{1,20}$", "lowercase letters, digits and '-', 2 to 21 characters") = setting(
-        "mlrecipes", description="prefix of stack names and tags")
-    region: AwsRegion = setting("us-west-2", description="the environment's region")
-    account: AwsAccount | None = setting(None, description="the environment's account; none: account-agnostic")
-    network: NetworkSettings = setting(default_factory=NetworkSettings, description="VPC")
-    artifacts: ArtifactSettings = setting(default_factory=ArtifactSettings, description="artifact bucket")
-    training: TrainingSettings = setting(default_factory=TrainingSettings, description="training run")
-    sentiment: SentimentSettings = setting(default_factory=SentimentSettings, description="sentiment endpoint")
-    falcon: FalconSettings = setting(default_factory=FalconSettings, description="Falcon LMI endpoint")
-    operations: OperationsSettings = setting(default_factory=OperationsSettings, description="operations")
-    pipeline: PipelineSettings = setting(default_factory=PipelineSettings, description="delivery pipeline")
+    project: ProjectName = setting("mlrecipes", "prefix of stack names and tags")
+    region: AwsRegion = setting("us-west-2", "the environment's region")
+    account: AwsAccount | None = setting(None, "the environment's account; none: account-agnostic")
+    network: NetworkSettings = setting(NetworkSettings, "VPC")
+    artifacts: ArtifactSettings = setting(ArtifactSettings, "artifact bucket")
+    training: TrainingSettings = setting(TrainingSettings, "training run")
+    sentiment: SentimentSettings = setting(SentimentSettings, "sentiment endpoint")
+    falcon: FalconSettings = setting(FalconSettings, "Falcon LMI endpoint")
+    operations: OperationsSettings = setting(OperationsSettings, "operations")
+    pipeline: PipelineSettings = setting(PipelineSettings, "delivery pipeline")
 
     @property
     def stack_prefix(self) -> str:

@@ -12,28 +12,30 @@ from settings.fields import SageMakerInstanceType, section, setting, text
 # LMI releases whose DJL Serving source was read (inference/llm/lmi/versions.py says what each one does).
 LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
 
+ModelArchive = text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$", "an s3:// URI of a model.tar.gz")
+S3Prefix = text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$", "an s3:// prefix ending in /")
+HubModelId = text(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", "a Hugging Face model id such as tiiuae/falcon-40b")
+HubRevision = text(r"^[A-Za-z0-9][\w.-]{0,99}$", "a Hugging Face revision: a commit hash, tag or branch name")
+
 
 @section
 class SentimentSettings:
     """The Graviton endpoint for the fine-tuned model (images and instance sizes in stacks/sentiment.py)."""
 
-    enabled: bool = setting(False, description="deploy the sentiment endpoint")
-    model_data_url: text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$", "an s3:// URI of a model.tar.gz"
-                         ) | None = setting(None, description="the trained model archive (needed when enabled)")
-    instance_type: SageMakerInstanceType = setting("ml.c7g.4xlarge", description="endpoint instance type")
-    pytorch_version: Literal["2.4.0", "2.6.0"] = setting("2.6.0", description="PyTorch Graviton inference image")
-    min_instances: int = setting(1, ge=1, le=20, description="endpoint instances at least")
-    max_instances: int = setting(2, ge=1, le=20, description="endpoint instances at most (autoscaling)")
-    workers: int = setting(2, ge=1, le=64, description="model server workers per instance")
-    max_batch: int = setting(64, ge=1, le=1024, description="texts per request at most")
-    invocations_per_instance: int = setting(600, ge=1, le=100000, unit="per minute",
-                                            description="autoscaling target per instance")
-    latency_alarm_ms: int = setting(1000, ge=1, le=60000, unit="ms", description="model latency alarm threshold")
-    canary_percent: int = setting(10, ge=1, le=50, unit="%", description="blue/green canary share of the fleet")
-    bake_minutes: int = setting(10, ge=1, le=60, unit="minutes", description="blue/green wait watched by alarms")
-    autoscaling: bool = setting(True, description="target tracking between min and max instances; turn off to "
-                                                  "change instance_type (README, Updating)")
-    quantize: Literal["none", "int8"] = setting("none", description="int8 Linear layers at load (check accuracy)")
+    enabled: bool = setting(False, "deploy the sentiment endpoint")
+    model_data_url: ModelArchive | None = setting(None, "the trained model archive (needed when enabled)")
+    instance_type: SageMakerInstanceType = setting("ml.c7g.4xlarge", "endpoint instance type")
+    pytorch_version: Literal["2.4.0", "2.6.0"] = setting("2.6.0", "PyTorch Graviton inference image")
+    min_instances: int = setting(1, "endpoint instances at least", ge=1, le=20)
+    max_instances: int = setting(2, "endpoint instances at most (autoscaling)", ge=1, le=20)
+    workers: int = setting(2, "model server workers per instance", ge=1, le=64)
+    max_batch: int = setting(64, "texts per request at most", ge=1, le=1024)
+    invocations_per_instance: int = setting(600, "autoscaling target per instance", ge=1, le=100000, unit="per minute")
+    latency_alarm_ms: int = setting(1000, "model latency alarm threshold", ge=1, le=60000, unit="ms")
+    canary_percent: int = setting(10, "blue/green canary share of the fleet", ge=1, le=50, unit="%")
+    bake_minutes: int = setting(10, "blue/green wait watched by alarms", ge=1, le=60, unit="minutes")
+    autoscaling: bool = setting(True, "target tracking; off to change instance_type (README, Updating)")
+    quantize: Literal["none", "int8"] = setting("none", "int8 Linear layers at load (check accuracy)")
 
     @model_validator(mode="after")
     def _consistent(self) -> SentimentSettings:
@@ -50,40 +52,35 @@ class SentimentSettings:
 class FalconSettings:
     """The Falcon recipe's LMI deployment; cross-checks against GPUs and container live in inference.llm.lmi."""
 
-    enabled: bool = setting(False, description="deploy the Falcon LMI endpoint")
-    model_id: text(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", "a Hugging Face model id such as tiiuae/falcon-40b"
-                   ) = setting("tiiuae/falcon-40b", description="model to serve")
-    model_s3_uri: text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$", "an s3:// prefix ending in /") | None = setting(
-        None, description="uncompressed weights served from /opt/ml/model, not the hub")
-    model_revision: text(r"^[A-Za-z0-9][\w.-]{0,99}$", "a Hugging Face revision: a commit hash, tag or branch name"
-                         ) | None = setting(None, description="hub revision to download; none: main")
-    instance_type: SageMakerInstanceType = setting("ml.g5.48xlarge", description="endpoint instance type")
-    tensor_parallel_degree: Literal[1, 2, 4, 8] = setting(8, description="GPUs the model is split across")
-    dtype: Literal["fp16", "bf16"] = setting("fp16", description="weight precision")
-    lmi_version: Literal[LMI_VERSIONS] = setting("0.33.0", description="LMI (DJL Serving) container release")
-    batching: Literal["dynamic", "rolling", "rolling_paged"] = setting("rolling_paged", description="batching mode")
-    batch_size: int = setting(4, ge=1, le=64, description="dynamic batching: requests per batch")
-    max_batch_delay_ms: int = setting(100, ge=1, le=10000, unit="ms", description="dynamic batching: batch wait")
-    max_rolling_batch_size: int = setting(32, ge=1, le=1024, description="continuous batching: sequences at once")
-    max_rolling_batch_prefill_tokens: int = setting(1024, ge=16, le=1048576, unit="tokens",
-                                                    description="continuous batching: prefill budget")
-    max_input_tokens: int = setting(1024, ge=1, le=131072, unit="tokens", description="prompt length at most")
-    max_new_tokens: int = setting(256, ge=1, le=131072, unit="tokens", description="generated tokens at most")
-    gpu_memory_utilization: float = setting(0.9, ge=0.5, le=0.98,
-                                            description="vLLM's share of each GPU (LMI 0.33+ continuous batching)")
-    output_formatter: Literal["json", "jsonlines"] = setting("json", description="LMI 0.23 streaming format")
-    model_loading_timeout_s: int = setting(1800, ge=60, le=3600, unit="s", description="LMI model loading timeout")
-    startup_health_check_timeout_s: int = setting(3600, ge=60, le=3600, unit="s",
-                                                  description="SageMaker container start-up health check timeout")
-    download_timeout_s: int = setting(3600, ge=60, le=3600, unit="s", description="SageMaker model download timeout")
-    min_instances: int = setting(1, ge=1, le=10, description="endpoint instances at least")
-    max_instances: int = setting(1, ge=1, le=10, description="endpoint instances at most")
-    model_layers: int | None = setting(None, ge=1, le=1000, description="a model outside the catalogue: layers")
-    model_attention_heads: int | None = setting(None, ge=1, le=1024, description="... attention heads")
-    model_kv_heads: int | None = setting(None, ge=1, le=1024, description="... key/value heads")
-    model_head_dim: int | None = setting(None, ge=1, le=4096, description="... head dimension")
-    model_parameters_billion: float | None = setting(None, ge=0.001, le=10000, unit="billion",
-                                                     description="... parameters")
+    enabled: bool = setting(False, "deploy the Falcon LMI endpoint")
+    model_id: HubModelId = setting("tiiuae/falcon-40b", "model to serve")
+    model_s3_uri: S3Prefix | None = setting(None, "uncompressed weights served from /opt/ml/model, not the hub")
+    model_revision: HubRevision | None = setting(None, "hub revision to download; none: main")
+    instance_type: SageMakerInstanceType = setting("ml.g5.48xlarge", "endpoint instance type")
+    tensor_parallel_degree: Literal[1, 2, 4, 8] = setting(8, "GPUs the model is split across")
+    dtype: Literal["fp16", "bf16"] = setting("fp16", "weight precision")
+    lmi_version: Literal[LMI_VERSIONS] = setting("0.33.0", "LMI (DJL Serving) container release")
+    batching: Literal["dynamic", "rolling", "rolling_paged"] = setting("rolling_paged", "batching mode")
+    batch_size: int = setting(4, "dynamic batching: requests per batch", ge=1, le=64)
+    max_batch_delay_ms: int = setting(100, "dynamic batching: batch wait", ge=1, le=10000, unit="ms")
+    max_rolling_batch_size: int = setting(32, "continuous batching: sequences at once", ge=1, le=1024)
+    max_rolling_batch_prefill_tokens: int = setting(1024, "continuous batching: prefill budget", ge=16, le=1048576,
+                                                    unit="tokens")
+    max_input_tokens: int = setting(1024, "prompt length at most", ge=1, le=131072, unit="tokens")
+    max_new_tokens: int = setting(256, "generated tokens at most", ge=1, le=131072, unit="tokens")
+    gpu_memory_utilization: float = setting(0.9, "vLLM's share of each GPU (LMI 0.33+)", ge=0.5, le=0.98)
+    output_formatter: Literal["json", "jsonlines"] = setting("json", "LMI 0.23 streaming format")
+    model_loading_timeout_s: int = setting(1800, "LMI model loading timeout", ge=60, le=3600, unit="s")
+    startup_health_check_timeout_s: int = setting(3600, "start-up health check timeout", ge=60, le=3600,
+                                                  unit="s")
+    download_timeout_s: int = setting(3600, "SageMaker model download timeout", ge=60, le=3600, unit="s")
+    min_instances: int = setting(1, "endpoint instances at least", ge=1, le=10)
+    max_instances: int = setting(1, "endpoint instances at most", ge=1, le=10)
+    model_layers: int | None = setting(None, "a model outside the catalogue: layers", ge=1, le=1000)
+    model_attention_heads: int | None = setting(None, "... attention heads", ge=1, le=1024)
+    model_kv_heads: int | None = setting(None, "... key/value heads", ge=1, le=1024)
+    model_head_dim: int | None = setting(None, "... head dimension", ge=1, le=4096)
+    model_parameters_billion: float | None = setting(None, "... parameters", ge=0.001, le=10000, unit="billion")
 
     @model_validator(mode="after")
     def _instances(self) -> FalconSettings:

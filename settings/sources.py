@@ -12,7 +12,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -26,27 +26,16 @@ from settings.model import Settings
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CDK_JSON = REPO_ROOT / "cdk.json"
 DEFAULT_ENVIRONMENT = "dev"
-DEFAULT_SOURCE = "default"
-
-# Context keys that belong to the CDK itself or to the environment selector, not to our settings.
-_RESERVED_CONTEXT_KEYS = {"env", "environments", "shared"}
-_RANGE_ERRORS = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
-
-
-def is_section(kind: Any) -> bool:
-    return isinstance(kind, type) and hasattr(kind, "__pydantic_fields__")
 
 
 @functools.cache
 def catalogue(cls: type = Settings, prefix: str = "") -> dict[str, FieldInfo]:
-    """Every dotted setting path and its declaration, in declaration order."""
+    """Every dotted setting path and its declaration, in declaration order (the environment's name is no setting)."""
     fields: dict[str, FieldInfo] = {}
     for name, info in cls.__pydantic_fields__.items():
-        if cls is Settings and name == "name":
-            continue
-        if is_section(info.annotation):
+        if hasattr(info.annotation, "__pydantic_fields__"):
             fields.update(catalogue(info.annotation, f"{prefix}{name}."))
-        else:
+        elif prefix or name != "name":
             fields[prefix + name] = info
     return fields
 
@@ -83,104 +72,77 @@ def load_with_sources(env_name: str | None = None, overrides: Mapping[str, Any] 
     env_name = env_name or DEFAULT_ENVIRONMENT
     if env_name not in environments:
         raise SettingsError("env", env_name, "one of " + ", ".join(environments))
-    layers = [(shared or {}, lambda key: "cdk.json shared"),
-              (environments[env_name], lambda key: f"cdk.json environments.{env_name}")]
-    common, scoped = _split_overrides(overrides or {}, env_name, environments)
-    layers += [(common, lambda key: f"-c {key}"), (scoped, lambda key: f"-c {env_name}/{key}")]
-    values: dict[str, Any] = {}
-    given: dict[str, Any] = {}
-    sources = dict.fromkeys(catalogue(), DEFAULT_SOURCE)
-    for layer, label in layers:
-        for key, value in _flatten(layer).items():
-            _check_known(key, value)
-            given[key], values[key], sources[key] = value, _lax(key, value), label(key)
+    given = [(key, value, "cdk.json shared") for key, value in _flatten(shared or {})]
+    given += [(key, value, f"cdk.json environments.{env_name}") for key, value in _flatten(environments[env_name])]
+    scoped = []  # `-c <env>/key` wins over `-c key` whatever their order
+    for key, value in _flatten(overrides or {}):
+        scope, _, setting_key = key.rpartition("/")
+        if scope and scope not in environments:
+            raise SettingsError(key, value, "an environment prefix among " + ", ".join(environments))
+        if scope == env_name:
+            scoped.append((setting_key, value, f"-c {key}"))
+        elif not scope:
+            given.append((key, value, f"-c {key}"))
+    values, sources = {}, dict.fromkeys(catalogue(), "default")
+    for key, value, source in given + scoped:
+        _check_known(key, value)
+        values[key], sources[key] = value, source
     try:
-        settings = Settings(name=env_name, **_nest(values))
+        return Settings(name=env_name, **_nest({key: _lax(key, value) for key, value in values.items()})), sources
     except ValidationError as error:
-        raise _one_line(error, given) from None
-    return settings, sources
+        raise _one_line(error, values) from None
 
 
 def settings_from_context(context: Mapping[str, Any]) -> Settings:
     """Settings from CDK context: `env` selects, every dotted or top-level key of ours overrides."""
-    return load_settings(_env_from_context(context), overrides_from_context(context))
-
-
-def _env_from_context(context: Mapping[str, Any]) -> str | None:
     env_name = context.get("env")
     if env_name is not None and not isinstance(env_name, str):
         raise SettingsError("env", env_name, "an environment name")
-    return env_name
+    return load_settings(env_name, overrides_from_context(context))
 
 
 def overrides_from_context(context: Mapping[str, Any]) -> dict[str, Any]:
     """Our keys among the CDK context: `section.key` for every environment, `<env>/section.key` for one."""
-    return {key: value for key, value in context.items() if _is_ours(key)}
-
-
-def _is_ours(key: str) -> bool:
     # The CDK's own context keys carry '@' or ':' (feature flags, lookups, aws:cdk:*).
-    return key not in _RESERVED_CONTEXT_KEYS and not key.startswith("@") and ":" not in key
+    return {key: value for key, value in context.items()
+            if key not in ("env", "environments", "shared") and not key.startswith("@") and ":" not in key}
 
 
-def _split_overrides(overrides: Mapping[str, Any], env_name: str,
-                     environments: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(overrides for every environment, overrides scoped to `env_name` with `<env>/`); scoped ones win."""
-    common, scoped = {}, {}
-    for key, value in overrides.items():
-        if "/" not in key:
-            common[key] = value
-            continue
-        prefix, setting_key = key.split("/", 1)
-        if prefix not in environments:
-            raise SettingsError(key, value, "an environment prefix among " + ", ".join(environments))
-        if prefix == env_name:
-            scoped[setting_key] = value
-    return common, scoped
-
-
-def _flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
+def _flatten(values: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
     for key, value in values.items():
         if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            yield from _flatten(value, f"{prefix}{key}.")
         else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+            yield prefix + key, value
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in flat.items():
         *sections, name = key.split(".")
-        target = nested
-        for part in sections:
-            target = target.setdefault(part, {})
-        target[name] = value
+        functools.reduce(lambda inner, part: inner.setdefault(part, {}), sections, nested)[name] = value
     return nested
 
 
 def _check_known(key: str, value: Any) -> None:
+    """An unknown key names the nearest known one and what its section (or the top level) holds."""
     known = known_settings()
     if key in known:
         return
-    section = key.rsplit(".", 1)[0] + "." if "." in key else ""
-    siblings = [k.removeprefix(section) for k in known if section and k.startswith(section)]
     close = difflib.get_close_matches(key, known, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
-    if siblings:
-        allowed = f"a known setting{hint}; {section.rstrip('.')} has: {', '.join(siblings)}"
-    else:
-        sections = sorted({k.split('.')[0] for k in known})
-        allowed = f"a known setting{hint}; sections and top-level settings: {', '.join(sections)}"
-    raise SettingsError(key, value, allowed)
+    section = key.rpartition(".")[0]
+    siblings = [name.removeprefix(section + ".") for name in known if section and name.startswith(section + ".")]
+    listing = (f"{section} has: {', '.join(siblings)}" if siblings else
+               "sections and top-level settings: " + ", ".join(sorted({name.split('.')[0] for name in known})))
+    raise SettingsError(key, value, f"a known setting{hint}; {listing}")
 
 
 def value_type(info: FieldInfo) -> tuple[Any, bool, list[Any]]:
     """(the setting's type without None or Annotated, whether None is allowed, its constraints and markers)."""
     kind, optional, metadata = info.annotation, False, list(info.metadata)
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        kind, optional = next(a for a in typing.get_args(kind) if a is not type(None)), True
+        kind, optional = next(arg for arg in typing.get_args(kind) if arg is not type(None)), True
     if typing.get_origin(kind) is Annotated:
         kind, metadata = kind.__origin__, metadata + list(kind.__metadata__)
     return kind, optional, metadata
@@ -188,16 +150,15 @@ def value_type(info: FieldInfo) -> tuple[Any, bool, list[Any]]:
 
 def _lax(key: str, value: Any) -> Any:
     """What a `-c` string means for this setting's type; pydantic's lax mode does the rest (bools, numbers)."""
+    kind, optional, _ = value_type(catalogue()[key])
     if not isinstance(value, str):
         return value
-    kind, optional, _ = value_type(catalogue()[key])
-    text = value.strip()
-    if optional and text.lower() in ("", "none", "null"):
+    if optional and value.strip().lower() in ("", "none", "null"):
         return None
     if typing.get_origin(kind) is tuple:
-        return tuple(item.strip() for item in text.split(",") if item.strip())
-    if typing.get_origin(kind) is Literal and all(isinstance(a, int) for a in typing.get_args(kind)):
-        return int(text) if re.fullmatch(r"[+-]?\d+", text) else value
+        return tuple(item.strip() for item in value.split(",") if item.strip())
+    if typing.get_origin(kind) is Literal and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value) if int(value) in typing.get_args(kind) else value
     return value
 
 
@@ -206,28 +167,25 @@ def describe_allowed(info: FieldInfo, error_type: str = "") -> str:
     kind, _, metadata = value_type(info)
     if typing.get_origin(kind) is Literal:
         return "one of " + ", ".join(str(choice) for choice in typing.get_args(kind))
-    words = next((m.words for m in metadata if isinstance(m, Allowed)), None)
-    if words:
+    if words := next((marker.words for marker in metadata if isinstance(marker, Allowed)), None):
         return words
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
         kind, "a comma-separated list")
-    bounds = {type(m).__name__: m for m in metadata}
-    if "Ge" in bounds and "Le" in bounds:
-        low, high = bounds["Ge"].ge, bounds["Le"].le
-        return f"{'a value' if error_type in _RANGE_ERRORS else word} from {low:g} to {high:g}"
-    return word
+    bounds = {type(marker).__name__: marker for marker in metadata}
+    if "Ge" not in bounds or "Le" not in bounds:
+        return word
+    out_of_range = error_type in ("greater_than_equal", "less_than_equal")
+    return f"{'a value' if out_of_range else word} from {bounds['Ge'].ge:g} to {bounds['Le'].le:g}"
 
 
 def _one_line(error: ValidationError, given: Mapping[str, Any]) -> SettingsError:
     """The first problem pydantic found, as our one line: dotted key, the value as given, what is allowed."""
     first = error.errors(include_url=False)[0]
-    cause = (first.get("ctx") or {}).get("error")
-    if isinstance(cause, SettingsError):
-        return cause
-    parts = [str(part) for part in first["loc"]]
-    known = catalogue()
-    key = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in known),
-               ".".join(parts))
+    if isinstance(cause := (first.get("ctx") or {}).get("error"), SettingsError):
+        return cause  # a cross-field rule already worded it
+    parts, known = [str(part) for part in first["loc"]], catalogue()
+    # A list's item or a union member adds to the location; the setting is its longest known prefix.
+    key = next((key for n in range(len(parts), 0, -1) if (key := ".".join(parts[:n])) in known), ".".join(parts))
     if key not in known:
         return SettingsError(key, first.get("input"), first["msg"])
     return SettingsError(key, given.get(key, first.get("input")), describe_allowed(known[key], first["type"]))

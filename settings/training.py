@@ -9,41 +9,40 @@ from pydantic import model_validator
 from settings.errors import SettingsError
 from settings.fields import Ec2InstanceType, ImageTag, LogRetentionDays, section, setting, text
 
+RunId = text(r"^[a-z0-9][a-z0-9-]{0,47}$", "lowercase letters, digits and '-', at most 48 characters")
+SsmPublicParameter = text(r"^/aws/service/.+", "a public SSM parameter name under /aws/service/")
+AvailabilityZone = text(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$", "a zone name such as us-west-2a")
+CapacityReservation = text(r"^cr-[0-9a-f]{8,17}$", "a capacity reservation id such as cr-0123456789abcdef0")
+DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+DLC = "2.10.0-gpu-py313-cu130-ubuntu22.04"
+
 
 @section
 class TrainingSettings:
-    enabled: bool = setting(False, description="start the paid GPU training run on deploy (always explicit)")
-    instance_type: Ec2InstanceType = setting("p4d.24xlarge", description="GPU instance (ml. prefixed for SageMaker)")
-    run_id: text(r"^[a-z0-9][a-z0-9-]{0,47}$", "lowercase letters, digits and '-', at most 48 characters") = setting(
-        "run-0001", description="names the run's outputs; a new id means a new run")
-    volume_gib: int = setting(200, ge=50, le=16384, unit="GiB", description="root volume of the EC2 instance")
-    max_hours: int = setting(6, ge=1, le=72, unit="hours", description="the run stops itself after this")
-    log_retention_days: LogRetentionDays = setting(30, unit="days", description="training log retention")
-    ami_parameter: text(r"^/aws/service/.+", "a public SSM parameter name under /aws/service/") = setting(
-        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
-        description="SSM parameter holding the Deep Learning AMI id")
-    base_image_tag: ImageTag = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-ec2", description="DLC tag, EC2 run")
-    base_model: str = setting("cardiffnlp/twitter-roberta-base-sep2022", description="Hugging Face model to tune")
-    epochs: int = setting(10, ge=1, le=100, description="training epochs")
-    learning_rate: float = setting(1e-5, ge=1e-7, le=1e-2, description="peak learning rate")
-    per_device_batch_size: int = setting(16, ge=1, le=1024, description="batch size per GPU (train and eval)")
-    max_length: int = setting(128, ge=8, le=512, unit="tokens", description="padded sequence length")
-    max_train_samples: int | None = setting(None, ge=1, le=10_000_000, description="a slice of the training data "
-                                                                                   "for cheap runs; none: all")
-    max_eval_samples: int | None = setting(None, ge=1, le=10_000_000, description="a slice of the evaluation data")
-    availability_zone: text(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$", "a zone name such as us-west-2a") | None = setting(
-        None, description="where P-instance capacity is; none: the first private subnet")
-    capacity_reservation_id: text(r"^cr-[0-9a-f]{8,17}$", "a capacity reservation id such as "
-                                  "cr-0123456789abcdef0") | None = setting(None, description="ODCR or Capacity Block")
-    backend: Literal["ec2", "sagemaker"] = setting(
-        "ec2", description="ec2: one self-terminating instance; sagemaker: a SageMaker Pipeline (make train)")
-    instance_count: int = setting(1, ge=1, le=64, description="SageMaker backend: instances, torchrun across all")
-    spot: bool = setting(False, description="SageMaker managed spot training")
-    spot_max_wait_hours: int | None = setting(None, ge=1, le=72, unit="hours",
-                                              description="managed spot wait incl. runtime; none: 2 x max_hours")
-    min_macro_recall: float = setting(0.6, ge=0.0, le=1.0, description="registration needs this validation recall")
-    sagemaker_image_tag: ImageTag = setting("2.10.0-gpu-py313-cu130-ubuntu22.04-sagemaker",
-                                            description="pytorch-training DLC tag (-sagemaker) for that backend")
+    enabled: bool = setting(False, "start the paid GPU training run on deploy (always explicit)")
+    instance_type: Ec2InstanceType = setting("p4d.24xlarge", "GPU instance (ml. prefixed for SageMaker)")
+    run_id: RunId = setting("run-0001", "names the run's outputs; a new id means a new run")
+    volume_gib: int = setting(200, "root volume of the EC2 instance", ge=50, le=16384, unit="GiB")
+    max_hours: int = setting(6, "the run stops itself after this", ge=1, le=72, unit="hours")
+    log_retention_days: LogRetentionDays = setting(30, "training log retention", unit="days")
+    ami_parameter: SsmPublicParameter = setting(DLAMI, "SSM parameter holding the Deep Learning AMI id")
+    base_image_tag: ImageTag = setting(f"{DLC}-ec2", "pytorch-training DLC tag, EC2 run")
+    base_model: str = setting("cardiffnlp/twitter-roberta-base-sep2022", "Hugging Face model to tune")
+    epochs: int = setting(10, "training epochs", ge=1, le=100)
+    learning_rate: float = setting(1e-5, "peak learning rate", ge=1e-7, le=1e-2)
+    per_device_batch_size: int = setting(16, "batch size per GPU (train and eval)", ge=1, le=1024)
+    max_length: int = setting(128, "padded sequence length", ge=8, le=512, unit="tokens")
+    max_train_samples: int | None = setting(None, "a slice of the training data; none: all", ge=1, le=10_000_000)
+    max_eval_samples: int | None = setting(None, "a slice of the evaluation data; none: all", ge=1, le=10_000_000)
+    availability_zone: AvailabilityZone | None = setting(None, "where P-instance capacity is; none: 1st private subnet")
+    capacity_reservation_id: CapacityReservation | None = setting(None, "ODCR or Capacity Block to launch into")
+    backend: Literal["ec2", "sagemaker"] = setting("ec2", "one self-terminating EC2 instance, or a SageMaker Pipeline")
+    instance_count: int = setting(1, "SageMaker backend: instances, torchrun across all", ge=1, le=64)
+    spot: bool = setting(False, "SageMaker managed spot training")
+    spot_max_wait_hours: int | None = setting(None, "spot wait incl. runtime; none: 2 x max_hours", ge=1, le=72,
+                                              unit="hours")
+    min_macro_recall: float = setting(0.6, "registration needs this validation recall", ge=0.0, le=1.0)
+    sagemaker_image_tag: ImageTag = setting(f"{DLC}-sagemaker", "pytorch-training DLC tag, SageMaker backend")
 
     @model_validator(mode="after")
     def _backend_rules(self) -> TrainingSettings:
