@@ -69,7 +69,8 @@ test: install-dev  ## lint, then the whole test suite
 	REQUIRE_SERVING_STACK=1 $(PY) -m pytest
 
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
-INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_settings_cli.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
+INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_settings_cli.py \
+  tests/test_settings_declarations.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
   tests/test_sentiment_stack.py tests/test_training_stack.py tests/test_falcon_stack.py tests/test_lmi.py \
   tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas \
   tests/test_lmi_conformance.py tests/test_sagemaker_pipeline_stack.py tests/test_serving_wheels.py \

@@ -83,14 +83,16 @@ def load_with_sources(env_name: str | None = None, overrides: Mapping[str, Any] 
             scoped.append((setting_key, value, f"-c {key}"))
         elif not scope:
             given.append((key, value, f"-c {key}"))
-    values, sources = {}, dict.fromkeys(catalogue(), "default")
+    known = catalogue()
+    values, sources = {}, dict.fromkeys(known, "default")
     for key, value, source in given + scoped:
         _check_known(key, value)
         values[key], sources[key] = value, source
     try:
-        return Settings(name=env_name, **_nest({key: _lax(key, value) for key, value in values.items()})), sources
+        settings = Settings(name=env_name, **_nest({key: lax(known[key], value) for key, value in values.items()}))
     except ValidationError as error:
         raise _one_line(error, values) from None
+    return settings, sources
 
 
 def settings_from_context(context: Mapping[str, Any]) -> Settings:
@@ -148,9 +150,9 @@ def value_type(info: FieldInfo) -> tuple[Any, bool, list[Any]]:
     return kind, optional, metadata
 
 
-def _lax(key: str, value: Any) -> Any:
+def lax(info: FieldInfo, value: Any) -> Any:
     """What a `-c` string means for this setting's type; pydantic's lax mode does the rest (bools, numbers)."""
-    kind, optional, _ = value_type(catalogue()[key])
+    kind, optional, _ = value_type(info)
     if not isinstance(value, str):
         return value
     if optional and value.strip().lower() in ("", "none", "null"):
