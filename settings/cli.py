@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+import typing
+from typing import Any, Literal
 
 from settings.errors import SettingsError
 from settings.sources import DEFAULT_ENVIRONMENT, catalogue, describe_allowed, load_with_sources, value_type
@@ -61,8 +62,8 @@ def _json_value(value: Any) -> Any:
 
 def type_name(key: str) -> str:
     kind, optional, _ = value_type(catalogue()[key])
-    name = {bool: "bool", int: "int", float: "float", str: "str"}.get(kind, "list[str]" if kind is not None
-                                                                       and "tuple" in str(kind) else "choice")
+    origin = typing.get_origin(kind)
+    name = "choice" if origin is Literal else "list[str]" if origin is tuple else kind.__name__
     return f"{name} | none" if optional else name
 
 
