@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,24 @@ def test_issue_example_shows_each_kind_of_source(capsys):
         assert any(line.startswith(f"{key} = ") for line in lines), key
     index = lines.index("falcon.max_rolling_batch_size = 64 (from -c prod/falcon.max_rolling_batch_size)")
     assert lines[index + 1].strip() == "int: an integer from 1 to 1024. continuous batching: sequences at once"
+
+
+def test_issue_example_shows_every_setting_not_set_elsewhere_as_its_default(capsys):
+    """Exactly the keys cdk.json (prod, shared) and -c set carry a source; every other one says default."""
+    def dotted(block: dict, prefix: str = "") -> set[str]:
+        return set().union(*(dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k}
+                             for k, v in block.items()))
+
+    context = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]
+    expected = {key: "cdk.json environments.prod" for key in dotted(context["environments"]["prod"])}
+    expected |= {key: "cdk.json shared" for key in dotted(context["shared"])}
+    expected |= {"falcon.enabled": "-c falcon.enabled",
+                 "falcon.max_rolling_batch_size": "-c prod/falcon.max_rolling_batch_size"}
+    _, out, _ = run(capsys, *ISSUE_ARGS)
+    shown = dict(re.fullmatch(r"(\S+) = .* \((?:from )?(.+)\)", line).groups()
+                 for line in out.splitlines() if not line.startswith(("#", " ")))
+    assert {key: source for key, source in shown.items() if source != "default"} == expected
+    assert set(shown) == set(known_settings())
 
 
 def test_sources_for_every_layer():
