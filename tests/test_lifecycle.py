@@ -12,7 +12,8 @@ import re
 import pytest
 
 from settings import SettingsError, load_settings
-from stacks.sentiment import MAX_EXECUTION_TIMEOUT_RANGE_S, PROVISIONING_ALLOWANCE_S, blue_green_policy
+from stacks.sentiment import blue_green_policy
+from tests import botocore_rules
 from tests.conftest import synthesize
 
 MODEL = {"sentiment.enabled": "true",
@@ -173,20 +174,35 @@ def test_updates_keep_the_instance_count_autoscaling_reached(states):
 # --- SageMaker blue/green: timeout beyond the waits, canary at most half the fleet ------------------------------
 
 def check_blue_green(policy: dict, initial_instances: int) -> None:
-    """The rules of BlueGreenUpdatePolicy and TrafficRoutingConfig (SageMaker API reference): the timeout lies in
-    its range and exceeds the wait interval plus the termination wait (here with time to provision the new fleet);
-    a canary is at most 50% of the variant's instances."""
+    """The rules of BlueGreenUpdatePolicy and TrafficRoutingConfig, from the SageMaker API itself: every member's
+    range and enum from botocore's service model (MaximumExecutionTimeoutInSeconds 600-28800, waits 0-3600 in the
+    pinned botocore), the timeout above the wait interval plus the termination wait (the model's documentation of
+    MaximumExecutionTimeoutInSeconds), and a canary of at most 50% of the variant's instances (CanarySize)."""
+    shape = botocore_rules.shape("BlueGreenUpdatePolicy")
+    assert botocore_rules.constraint_errors(policy, shape) == []
+    assert "larger than the total waiting time" in shape.members["MaximumExecutionTimeoutInSeconds"].documentation
     routing = policy["TrafficRoutingConfiguration"]
     waits = routing.get("WaitIntervalInSeconds", 0) + policy.get("TerminationWaitInSeconds", 0)
     timeout = policy["MaximumExecutionTimeoutInSeconds"]
-    low, high = MAX_EXECUTION_TIMEOUT_RANGE_S
-    assert low <= timeout <= high
-    assert timeout >= waits + PROVISIONING_ALLOWANCE_S > waits
-    assert routing.get("WaitIntervalInSeconds", 0) <= 3600 and policy.get("TerminationWaitInSeconds", 0) <= 3600
+    # The new fleet is created and health-checked inside the same timeout: at least 10 minutes for it.
+    assert timeout - waits >= 600, (timeout, waits)
     if routing["Type"] == "CANARY":
         size = routing["CanarySize"]
         canary = size["Value"] if size["Type"] == "INSTANCE_COUNT" else -(-initial_instances * size["Value"] // 100)
         assert canary >= 1 and 2 * canary <= initial_instances, (canary, initial_instances)
+
+
+def test_the_blue_green_check_refuses_what_the_api_refuses():
+    """check_blue_green can fail: a timeout outside botocore's range, one that does not cover the waits."""
+    good = {"MaximumExecutionTimeoutInSeconds": 1920, "TerminationWaitInSeconds": 60,
+            "TrafficRoutingConfiguration": {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 60}}
+    check_blue_green(good, 1)
+    for timeout in (599, 28801, 700):  # below, above the API's range; in range but not beyond waits + 10 min
+        with pytest.raises(AssertionError):
+            check_blue_green({**good, "MaximumExecutionTimeoutInSeconds": timeout,
+                              "TerminationWaitInSeconds": 3600 if timeout == 700 else 60}, 1)
+    with pytest.raises(AssertionError):
+        check_blue_green({**good, "TerminationWaitInSeconds": 3601}, 1)
 
 
 @pytest.mark.parametrize("name", ["one instance, bake 1 min", "A, autoscaled", "B, autoscaled"])
