@@ -423,7 +423,14 @@ def test_local_nvme_instance_types():
 def test_cli_renders_the_environments_properties_file(capsys):
     assert main(["render", "--env", "prod"]) == 0
     out = capsys.readouterr().out
-    assert parse_properties(out) == lmi.render(load_settings("prod").falcon)
+    # prod's defaults: LMI 0.33 (vLLM, engine Python), the recipe's TP 8 fp16, batch 32, prefill 1024.
+    assert parse_properties(out) == {
+        "engine": "Python", "option.model_id": "tiiuae/falcon-40b", "option.tensor_parallel_degree": "8",
+        "option.dtype": "fp16", "option.trust_remote_code": "false", "option.model_loading_timeout": "1800",
+        "option.entryPoint": "djl_python.lmi_vllm.vllm_async_service", "option.async_mode": "true",
+        "option.rolling_batch": "vllm", "option.max_rolling_batch_size": "32",
+        "option.max_rolling_batch_prefill_tokens": "1024", "option.max_model_len": "1280",
+        "option.gpu_memory_utilization": "0.9", "option.enable_chunked_prefill": "true"}
 
 
 def test_cli_renders_environment_variables_with_overrides(capsys):
