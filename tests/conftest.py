@@ -101,3 +101,19 @@ def synthesized(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
+    """Mark tests that need a tool: skipped with `missing` as the reason on a desk without it, failed under
+    CI=true, so a machine that lost a tool cannot turn tests into skips unnoticed (`make test` installs them)."""
+    if available:
+        return pytest.mark.usefixtures()
+    if os.environ.get("CI", "").lower() == "true":
+        return pytest.mark.missing_prerequisite(missing)
+    return pytest.mark.skip(reason=missing)
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("missing_prerequisite")
+    if marker is not None:
+        pytest.fail(f"CI=true and a prerequisite is missing: {marker.args[0]}", pytrace=False)

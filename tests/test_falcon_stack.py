@@ -136,7 +136,9 @@ def test_role_pulls_the_lmi_image_and_writes_its_own_logs_only(hub):
 
 def test_outputs_name_the_endpoint_an_invoke_command_and_the_log_group(hub):
     template = hub.template("falcon")
-    template.has_output("EndpointName", {})
+    (endpoint_id,) = template.find_resources("AWS::SageMaker::Endpoint")
+    assert template.to_json()["Outputs"]["EndpointName"]["Value"] == {"Fn::GetAtt": [endpoint_id, "EndpointName"]}
+    assert only(template, "AWS::SageMaker::Endpoint")["EndpointName"] == "prod-falcon"
     template.has_output("InvokeCommand", {"Value": Match.string_like_regexp(
         "invoke-endpoint .*--endpoint-name prod-falcon .*max_new_tokens")})
     template.has_output("LogGroupName", {"Value": "/aws/sagemaker/Endpoints/prod-falcon"})

@@ -377,7 +377,8 @@ def test_image_uris_agree_with_the_sagemaker_sdk():
     Accounts, repository and tag come from the SDK's tables for every pair; `retrieve()` itself (about 80 ms a
     call) checks the URI's form in one region of each partition.
     """
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     from stacks.images import DLC_ACCOUNTS
 
     compared = 0
@@ -406,7 +407,8 @@ def test_every_selectable_version_has_an_image_and_rules():
 
 
 def test_every_offered_version_is_in_the_sagemaker_sdks_lmi_tables():
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     tables = {**image_uris.config_for_framework("djl-deepspeed")["versions"],
               **image_uris.config_for_framework("djl-lmi")["versions"]}
     for version, tag in lmi.IMAGE_TAGS.items():

@@ -174,7 +174,8 @@ def test_enabled_without_a_model_url_stops_synth():
 
 def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_version_it_knows():
     """The SDK's offline tables, so a new region or a moved repository cannot drift past us silently."""
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     from stacks.images import DLC_ACCOUNTS
 
     versions = image_uris.config_for_framework("pytorch")["inference_graviton"]["versions"]
