@@ -42,19 +42,3 @@ def log_retention(days: int) -> logs.RetentionDays:
     finite = [member for member in logs.RetentionDays if member.name != "INFINITE"]
     by_days = dict(zip(LOG_RETENTION_DAYS, finite, strict=True))
     return by_days[days]
-
-
-def endpoint_log_group(scope: Construct, endpoint_name: str, *, key, retention_days: int) -> logs.LogGroup:
-    """The log group SageMaker writes an endpoint's container logs to, owned by the stack: retention and key.
-
-    Left to SageMaker it would be created on first write, kept forever and unencrypted by our key. The name is
-    fixed by SageMaker (/aws/sagemaker/Endpoints/<endpoint name>), and the endpoint names are fixed too. An
-    environment deployed before this group existed already has it: delete (or `cdk import`) it first (README).
-    """
-    return logs.LogGroup(
-        scope, "EndpointLogs",
-        log_group_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
-        encryption_key=key,
-        retention=log_retention(retention_days),
-        removal_policy=cdk.RemovalPolicy.DESTROY,
-    )

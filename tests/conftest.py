@@ -33,6 +33,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
                                 "operations.alarm_email": "ops@example.com"}),
     "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true",
                                  "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
+    # prod with every workload on: the upgrade test's configuration (tests/upgrade_baseline/refresh.py CONTEXT).
+    "prod-all-on": ("prod", {"training.enabled": "true", "sentiment.enabled": "true",
+                             "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz",
+                             "falcon.enabled": "true", "falcon.model_s3_uri": "s3://models-bucket/falcon-40b/"}),
     "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
     # The done-when of issue 16: two spot instances from a SageMaker Pipeline.
     "dev-sagemaker": ("dev", {"training.backend": "sagemaker", "training.instance_count": "2",

@@ -70,7 +70,8 @@ def test_model_runs_in_the_private_subnets_and_downloads_from_the_hub(hub):
 
 def test_model_waits_for_the_role_policy_that_lets_it_pull(hub):
     template = hub.template("falcon")
-    (policy_id,) = template.find_resources("AWS::IAM::Policy")
+    (policy_id,) = [key for key, policy in template.find_resources("AWS::IAM::Policy").items()
+                    if "ExecutionRole" in json.dumps(policy["Properties"]["Roles"])]
     (model,) = template.find_resources("AWS::SageMaker::Model").values()
     assert model["DependsOn"] == [policy_id]
 
@@ -89,7 +90,7 @@ def test_only_the_endpoint_has_a_physical_name(hub):
     assert "ModelName" not in only(template, "AWS::SageMaker::Model")
     assert "EndpointConfigName" not in only(template, "AWS::SageMaker::EndpointConfig")
     assert only(template, "AWS::SageMaker::Endpoint")["EndpointName"] == "prod-falcon"
-    assert "RoleName" not in only(template, "AWS::IAM::Role")
+    assert not [role for role in template.find_resources("AWS::IAM::Role").values() if "RoleName" in role["Properties"]]
 
 
 def test_endpoint_config_sets_instance_and_timeouts_and_no_key_on_nvme(hub):
@@ -122,7 +123,8 @@ def test_no_autoscaling_when_min_equals_max(hub):
 
 def test_role_pulls_the_lmi_image_and_writes_its_own_logs_only(hub):
     template = hub.template("falcon")
-    role = only(template, "AWS::IAM::Role")
+    (role,) = [role["Properties"] for key, role in template.find_resources("AWS::IAM::Role").items()
+               if key.startswith("ExecutionRole")]
     assert role["AssumeRolePolicyDocument"]["Statement"] == [
         {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}]
     assert "ManagedPolicyArns" not in role
