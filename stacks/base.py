@@ -42,3 +42,14 @@ def log_retention(days: int) -> logs.RetentionDays:
     finite = [member for member in logs.RetentionDays if member.name != "INFINITE"]
     by_days = dict(zip(LOG_RETENTION_DAYS, finite, strict=True))
     return by_days[days]
+
+
+def endpoint_log_group(scope: Construct, endpoint_name: str, *, key, retention_days: int):
+    """The endpoint's log group, created or adopted by a retained custom resource (stacks/endpoint_logs.py).
+
+    Kept here so the stacks' call sites stay as they are; imported late because stacks.endpoint_logs uses this
+    module's log_retention.
+    """
+    from stacks.endpoint_logs import endpoint_log_group as adopting_log_group
+
+    return adopting_log_group(scope, endpoint_name, key=key, retention_days=retention_days)

@@ -22,8 +22,7 @@ from constructs import Construct
 
 from inference.llm import lmi
 from settings import FalconSettings, Settings
-from stacks.base import EnvironmentStack
-from stacks.endpoint_logs import endpoint_log_group
+from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.nag import acknowledge
 
 VARIANT = "AllTraffic"  # stays the same across endpoint configs, so updates and autoscaling keep working

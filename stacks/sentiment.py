@@ -15,8 +15,7 @@ from constructs import Construct
 
 from inference.sentiment import container as inference_container
 from settings import SentimentSettings, Settings, SettingsError
-from stacks.base import EnvironmentStack
-from stacks.endpoint_logs import endpoint_log_group
+from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus
 from stacks.nag import acknowledge
