@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, prerequisite
 
 CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
 
@@ -52,8 +52,8 @@ def test_bad_setting_exits_1_with_one_line(tmp_path, context, expected):
     assert not (tmp_path / "manifest.json").exists()
 
 
-needs_cli = pytest.mark.skipif(not CDK.exists() or shutil.which("node") is None,
-                               reason="the CDK CLI is installed by `make test` (npm ci)")
+needs_cli = prerequisite(CDK.exists() and shutil.which("node") is not None,
+                         "the CDK CLI and node (`make test` installs the CLI with npm ci)")
 
 
 def _cdk(args: list[str], outdir: Path) -> subprocess.CompletedProcess:
