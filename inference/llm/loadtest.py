@@ -14,7 +14,8 @@ Each step runs a fixed number of concurrent clients (threads, one keep-alive con
 requests in all or for `--duration` seconds, after `--warmup` requests per client that are not measured.
 Output tokens are counted with `--tokenizer DIR` when given, else as whitespace-separated words, over each answer's
 generated text, streamed or not; the report says which. Streamed lines are never counted as tokens: vLLM merges
-several tokens into one line when the reader falls behind, exactly when the endpoint is busy. Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other).
+several tokens into one line when the reader falls behind, exactly when the endpoint is busy.
+Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other).
 
     python -m inference.llm.loadtest --url http://127.0.0.1:8080/invocations --kind sentiment --concurrency 1,2,4
     python -m inference.llm.loadtest --endpoint falcon-rolling --shape 32x128 --concurrency 1,4,16,32 \\
