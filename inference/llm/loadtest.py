@@ -627,8 +627,9 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         "shape": workload.shape,
         "unit": "labels" if workload.kind == "sentiment" else workload.counter.unit,
         # Never one per line: vLLM merges several tokens into one line when the reader falls behind.
-        "token_counter": "labels returned" if workload.kind == "sentiment" else
-        f"{token_counter}, over the generated text of each answer (streamed or whole)",
+        "token_counter": "labels returned" if workload.kind == "sentiment" else token_counter,
+        "token_count_rule": None if workload.kind == "sentiment" else
+        "the counter over each answer's generated text, streamed or whole; never one per streamed line",
         "stream": streamed,
         "ttfb_note": target.ttfb_note,
         "timeout_s": getattr(target, "timeout", None),

@@ -192,7 +192,7 @@ def test_streamed_http_run_counts_tokens_not_lines_under_merging(tmp_path, capsy
     assert status == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["stream"] is True and report["unit"] == "words"
-    assert "generated text" in report["token_counter"]
+    assert report["token_counter"] == "whitespace words" and "never one per streamed line" in report["token_count_rule"]
     for step in report["steps"]:
         assert step["ok"] == 8 and step["streamed_requests"] == 8
         assert step["output_total"] == 8 * 12  # 6 lines per answer, 12 tokens
