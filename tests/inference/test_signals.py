@@ -1,10 +1,11 @@
 """Every server and long-running tool we start locally stops cleanly on SIGTERM and SIGINT (issue 24).
 
 One table, `SERVERS`; each entry is run through `tests.signal_harness.run_case` for each of its (signal, mode)
-cases: the signal to the process group once, twice within a millisecond, during start-up (before it is ready),
-and for the light servers also to the process alone and again during the clean-up. After each: exit status 0 for
+cases: SIGTERM and SIGINT to the process group once, twice within a millisecond, and during start-up (before it
+is ready), plus a signal to the process alone or a second one during the clean-up. After each: exit status 0 for
 SIGTERM and 130 for SIGINT, no process the run started left, every port it listened on free for a new bind, and
-nothing left in its temporary directory. Adding a server is one entry.
+nothing left in its temporary directory. Adding a server is one entry. Cases are chosen so that every mode is
+covered without every product of them, because a TorchServe case costs 5-10 s on 2 cores.
 
 TorchServe cases (`heavy`) run one at a time (the SageMaker toolkit allows one TorchServe per machine) and need
 `make serving-stack`. GNU make (4.3 here) on SIGTERM or SIGINT waits for its children, prints the signal or the
@@ -27,9 +28,11 @@ from tests import fake_lmi
 from tests.signal_harness import Server, both, http_ok, line, process_running, python, run_case
 
 TORCHSERVE = "org.pytorch.serve.ModelServer"
-ALL_MODES = ("group-once", "group-twice", "starting", "process-once", "cleanup")
 # The fake binds its port microseconds after it starts: no start-up phase to hit.
 NO_START_UP = ("group-once", "group-twice", "process-once", "cleanup")
+# Issue 24's three modes with both signals, then one more mode each: every mode is covered without every product.
+REQUIRED = tuple((signum, mode) for signum in (signal.SIGTERM, signal.SIGINT)
+                 for mode in ("group-once", "group-twice", "starting"))
 STACK_STARTING = both(line(r"starting TorchServe"), process_running(TORCHSERVE))  # Java up, /ping not yet 200
 
 
@@ -44,7 +47,8 @@ SERVERS = [
            starting=line(r"fake LMI: starting"), ready=line(r"^listening on"), modes=NO_START_UP),
     Server("serve", lambda port, workdir, archive: python("-m", "inference.sentiment.serve", "--model-dir",
                                                           str(archive), "--port", str(port)),
-           starting=line(r"loading the model"), ready=http_ok("/ping"), modes=ALL_MODES),
+           starting=line(r"loading the model"), ready=http_ok("/ping"),
+           cases=(*REQUIRED, (signal.SIGTERM, "process-once"), (signal.SIGINT, "cleanup"))),
     Server("loadtest", lambda port, workdir, **_: python(
         "-m", "inference.llm.loadtest", "--url", f"http://127.0.0.1:{port}/invocations", "--kind", "llm",
         "--shape", "32x8", "--concurrency", "2", "--duration", "600", "--no-progress"),
@@ -55,9 +59,7 @@ SERVERS = [
         "-m", "inference.sentiment.local_stack", "--model", str(archive), "--port", str(port),
         "--log", str(workdir / "stack.log")),
            starting=STACK_STARTING, ready=line(r"^serving "), heavy=True,
-           cases=((signal.SIGTERM, "group-once"), (signal.SIGTERM, "group-twice"), (signal.SIGTERM, "starting"),
-                  (signal.SIGINT, "group-once"), (signal.SIGINT, "group-twice"), (signal.SIGINT, "starting"),
-                  (signal.SIGTERM, "cleanup"))),
+           cases=(*REQUIRED, (signal.SIGTERM, "cleanup"))),
     Server("make-serve-local", _make, starting=STACK_STARTING, ready=line(r"^serving "), heavy=True,
            modes=("group-once",), exit_status=lambda signum: -signum,
            forbidden_output=("Traceback", r"Error 1$")),
@@ -65,7 +67,7 @@ SERVERS = [
         "-m", "inference.sentiment.benchmark_handler", "--preset", "tiny", "--requests", "400", "--batch-sizes", "1",
         "--rounds", "1", "--no-int8", "--log", str(workdir / "stacks.log")),
            starting=line(r"benchmark_handler: starting"), ready=line(r"serving \S+ at http"), heavy=True,
-           cases=((signal.SIGTERM, "group-twice"), (signal.SIGINT, "group-once"))),
+           cases=((signal.SIGINT, "group-once"),)),  # its stack stops as local-stack's does: Ctrl-C only
 ]
 
 CASES = [pytest.param(server, signum, mode, id=f"{server.name}-{signal.Signals(signum).name}-{mode}",
