@@ -167,7 +167,8 @@ def stop_tree(process: subprocess.Popen, *, marker: bytes | None = None, grace: 
     """Stop `process` and everything it started; returns when none of them is left.
 
     SIGTERM first to `process` alone (a parent such as the SageMaker toolkit forwards it to its server and waits
-    for it), then after `grace` seconds SIGTERM to every process that is left, then after `kill_after` more SIGKILL.
+    for it), then after `grace` seconds, or as soon as `process` has exited, SIGTERM to every process that is left,
+    then after `kill_after` more SIGKILL.
     Processes are identified by PID and start time, so a reused PID is never signalled. Safe to call again after an
     interruption and on a process that has already exited.
     """
@@ -182,9 +183,11 @@ def stop_tree(process: subprocess.Popen, *, marker: bytes | None = None, grace: 
         _reap(pid for pid in tracked if pid != process.pid)
         return {pid: start for pid, start in tracked.items() if _alive(pid, start)}
 
-    def wait(seconds: float) -> dict[int, int]:
+    def wait(seconds: float, while_root_runs: bool = False) -> dict[int, int]:
         deadline = time.monotonic() + seconds
         while (left := refresh()) and time.monotonic() < deadline:
+            if while_root_runs and process.pid not in left:
+                break  # nobody is left to forward the stop to the rest
             time.sleep(0.1)
         return left
 
@@ -192,7 +195,7 @@ def stop_tree(process: subprocess.Popen, *, marker: bytes | None = None, grace: 
     if process.pid in left:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
-    left = wait(grace)
+    left = wait(grace, while_root_runs=True)
     for sig, seconds in ((signal.SIGTERM, kill_after), (signal.SIGKILL, 5)):
         if not left:
             break

@@ -13,6 +13,7 @@ Modes:
   forwarding of SIGTERM, or an impatient supervisor, adds to a group signal).
 - `starting`: one signal to the group during start-up, after it announced it is starting and before it is ready.
 - `process-once`: once ready, one signal to the process alone (`kill PID`).
+- `starting-process`: one signal to the process alone during start-up: its children get nothing from the sender.
 - `cleanup`: once ready, a signal to the group, then a second one when it prints that it is stopping.
 
 Adding a server is one `Server` entry (see tests/test_signals.py).
@@ -38,7 +39,7 @@ import psutil
 from inference import processes
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("group-once", "group-twice", "starting", "process-once", "cleanup")
+MODES = ("group-once", "group-twice", "starting", "process-once", "starting-process", "cleanup")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -157,7 +158,7 @@ class Outcome:
         assert not self.leftover_files, f"{label}: files left in its temporary directory: {self.leftover_files}"
         for pattern in self.server.forbidden_output:
             assert not re.search(pattern, self.output, re.MULTILINE), f"{label}: {pattern!r} in its output\n{tail}"
-        if self.mode == "starting":
+        if self.mode.startswith("starting"):
             assert not self.ready_at_signal, f"{label}: it was already ready when signalled; not a start-up case"
 
 
@@ -288,7 +289,7 @@ def _run(server: Server, signum: int, mode: str, workdir: Path, port: int, targe
     ready_at_signal = False
     ports = {port}
     try:
-        if mode == "starting":
+        if mode.startswith("starting"):
             _wait_for(server.starting, run, process, server.start_timeout, "starting")
             ready_at_signal = server.ready(run)
         else:
@@ -298,7 +299,7 @@ def _run(server: Server, signum: int, mode: str, workdir: Path, port: int, targe
         ports |= _listening_ports(run.pids)
         if mode == "group-twice":
             gap = _signal_twice(process.pid, signum)
-        elif mode == "process-once":
+        elif mode in ("process-once", "starting-process"):
             os.kill(process.pid, signum)
         else:
             os.killpg(process.pid, signum)

@@ -59,7 +59,7 @@ SERVERS = [
         "-m", "inference.sentiment.local_stack", "--model", str(archive), "--port", str(port),
         "--log", str(workdir / "stack.log")),
            starting=STACK_STARTING, ready=line(r"^serving "), heavy=True,
-           cases=(*REQUIRED, (signal.SIGTERM, "cleanup"))),
+           cases=(*REQUIRED, (signal.SIGTERM, "cleanup"), (signal.SIGTERM, "starting-process"))),
     Server("make-serve-local", _make, starting=STACK_STARTING, ready=line(r"^serving "), heavy=True,
            modes=("group-once",), exit_status=lambda signum: -signum,
            forbidden_output=("Traceback", r"Error 1$")),
