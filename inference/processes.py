@@ -6,7 +6,8 @@ module gives every long-running entry point:
 
 - `install_stop_handlers()`: the first SIGTERM or SIGINT raises `Stopped` in the main thread (ending a start-up
   wait as well as a serving loop); every later one is only recorded, so it can never interrupt the clean-up.
-  `exit_status()` maps the signal to the exit status: 0 for SIGTERM, 130 for SIGINT.
+  `exit_status()` maps the signal to the exit status: 0 for SIGTERM, 130 for SIGINT; `finish()` exits with it
+  so that a late repeat cannot kill the interpreter while it shuts down.
 - `shielded()`: clean-up that no signal may interrupt, even when no signal has arrived yet.
 - `mark()` and `stop_tree()`: stop a child and everything it started (its descendants, its process group or
   session if it has one of its own, and orphans found by an environment variable `mark` gave the child) with
@@ -22,10 +23,12 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _EXIT_STATUS = {signal.SIGTERM: 0, signal.SIGINT: 130}
@@ -84,6 +87,20 @@ def install_stop_handlers() -> _StopState:
 def received() -> int | None:
     """The first stop signal this process got since the handlers were installed, else None."""
     return _STATE.received
+
+
+def finish(status: int) -> NoReturn:
+    """Exit with `status`, ignoring stop signals from here on.
+
+    Python resets its signal handlers to the defaults while the interpreter shuts down, so a repeated signal
+    arriving then would still kill a program that had stopped cleanly (exit -2 instead of 130, seen in tests).
+    Handlers set to SIG_IGN stay ignored.
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(status)
 
 
 @contextlib.contextmanager

@@ -364,4 +364,4 @@ if __name__ == "__main__":
     from inference import processes
 
     processes.install_stop_handlers()
-    sys.exit(main())
+    processes.finish(main())

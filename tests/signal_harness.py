@@ -16,7 +16,7 @@ Modes:
 - `starting-process`: one signal to the process alone during start-up: its children get nothing from the sender.
 - `cleanup`: once ready, a signal to the group, then a second one when it prints that it is stopping.
 
-Adding a server is one `Server` entry (see tests/test_signals.py).
+Adding a server is one `Server` entry (see tests/inference/test_signals.py).
 """
 
 from __future__ import annotations
@@ -304,8 +304,11 @@ def _run(server: Server, signum: int, mode: str, workdir: Path, port: int, targe
         else:
             os.killpg(process.pid, signum)
         if mode == "cleanup":
-            _wait_for(server.stopping, run, process, server.stop_timeout, "stopping")
-            os.killpg(process.pid, signum)
+            deadline = time.monotonic() + server.stop_timeout
+            while not server.stopping(run) and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            with contextlib.suppress(ProcessLookupError):  # already done: a fast server may finish first
+                os.killpg(process.pid, signum)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=server.stop_timeout)
         returncode = process.poll()

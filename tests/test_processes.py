@@ -77,7 +77,7 @@ CLEANER = textwrap.dedent("""
         while time.monotonic() < deadline:  # clean-up, signalled again meanwhile
             time.sleep(0.01)
         print("cleaned", state.count, flush=True)
-    sys.exit(processes.exit_status(processes.received()))
+    processes.finish(processes.exit_status(processes.received()))
 """)
 
 

@@ -853,4 +853,4 @@ def _main(argv: list[str] | None, target: Target | None) -> int:
 
 if __name__ == "__main__":
     processes.install_stop_handlers()  # first: SIGTERM ends a run as Ctrl-C does, and a repeat cannot cut the report
-    sys.exit(main())
+    processes.finish(main())

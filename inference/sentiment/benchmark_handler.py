@@ -268,4 +268,4 @@ def _run(args) -> int:
 
 if __name__ == "__main__":
     processes.install_stop_handlers()  # first: a signal while the model is built or a stack starts is handled too
-    sys.exit(main())
+    processes.finish(main())

@@ -267,4 +267,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     processes.install_stop_handlers()  # first: a signal during start-up is handled too
-    sys.exit(main())
+    processes.finish(main())

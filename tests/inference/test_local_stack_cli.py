@@ -71,8 +71,10 @@ def test_a_leftover_from_a_crash_is_named_with_its_pid_and_the_command_that_stop
 
 
 def test_the_leftover_message_names_each_pid():
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "org.pytorch.serve.ModelServer"])
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                              "org.pytorch.serve.ModelServer"], stdout=subprocess.PIPE, text=True)
     try:
+        assert decoy.stdout.readline() == "up\n"
         assert decoy.pid in local_stack.torchserve_pids()
         message = processes.describe(decoy.pid)
         assert message.startswith(f"pid {decoy.pid} (") and message.endswith(f"kill -TERM {decoy.pid}")

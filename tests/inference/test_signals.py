@@ -23,6 +23,7 @@ import sys
 
 import pytest
 
+from inference import processes
 from inference.sentiment import local_stack
 from tests import fake_lmi
 from tests.signal_harness import Server, both, http_ok, line, process_running, python, run_case
@@ -74,6 +75,13 @@ CASES = [pytest.param(server, signum, mode, id=f"{server.name}-{signal.Signals(s
                       marks=[pytest.mark.slow] if server.heavy else [])
          for server in SERVERS for signum, mode in server.all_cases()]
 
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return "?"
+
+
 _no_stack = not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK")
 
 
@@ -82,7 +90,8 @@ def test_stops_cleanly(server, signum, mode, archive, tmp_path):
     if server.heavy and _no_stack:
         pytest.skip("no .venv-serving; run `make serving-stack`")
     if server.heavy and (running := local_stack.torchserve_pids()):
-        pytest.fail(f"a TorchServe not started by this test runs: {running}; the toolkit allows one per machine")
+        pytest.fail("a TorchServe not started by this test runs, and the toolkit allows one per machine: "
+                    + "; ".join(f"{processes.describe(pid)} (in {_cwd(pid)})" for pid in running))
     outcome = run_case(server, signum, mode, tmp_path, archive=archive)
     print(f"{server.name} {signal.Signals(signum).name} {mode}: exit {outcome.returncode} in "
           f"{outcome.elapsed_s:.1f} s" + (f", signals {outcome.signal_gap_s * 1e6:.0f} us apart"
