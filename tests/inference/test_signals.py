@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -75,6 +76,14 @@ CASES = [pytest.param(server, signum, mode, id=f"{server.name}-{signal.Signals(s
                       marks=[pytest.mark.slow] if server.heavy else [])
          for server in SERVERS for signum, mode in server.all_cases()]
 
+def _wait_until_no_torchserve(timeout: float = 300) -> list[int]:
+    """TorchServe front ends still running after waiting for them to end (on a shared machine, other runs')."""
+    deadline = time.monotonic() + timeout
+    while (running := local_stack.torchserve_pids()) and time.monotonic() < deadline:
+        time.sleep(1)
+    return running
+
+
 def _cwd(pid: int) -> str:
     try:
         return os.readlink(f"/proc/{pid}/cwd")
@@ -89,7 +98,7 @@ _no_stack = not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQ
 def test_stops_cleanly(server, signum, mode, archive, tmp_path):
     if server.heavy and _no_stack:
         pytest.skip("no .venv-serving; run `make serving-stack`")
-    if server.heavy and (running := local_stack.torchserve_pids()):
+    if server.heavy and (running := _wait_until_no_torchserve()):
         pytest.fail("a TorchServe not started by this test runs, and the toolkit allows one per machine: "
                     + "; ".join(f"{processes.describe(pid)} (in {_cwd(pid)})" for pid in running))
     outcome = run_case(server, signum, mode, tmp_path, archive=archive)
