@@ -106,8 +106,10 @@ train: install-dev  ## start ENV's SageMaker training pipeline (training.backend
 	$(PY) -m training.pipeline_cli $(if $(HELP),--help,--env $(ENV) $(ARGS))
 
 MODEL ?= artifacts/tiny-model
-serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:8080 on the image's stack
-	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port 8080
+PORT ?= 8080
+# SIGTERM or Ctrl-C stops the stack cleanly (see README "Stopping"); GNU make then reports the signal and dies of it.
+serve-local: install-dev  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) on the image's stack
+	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
 
 bench-handler: install-dev  ## our handler vs the HF toolkit's pipeline default on the real stack (RoBERTa-base size)
 	$(PY) -m inference.sentiment.benchmark_handler $(ARGS)

@@ -21,16 +21,26 @@ Failures, each the way DJL reports it: `fail_next` (the handler fails before ans
 `fail_streams` (the engine fails after the 200: DJL's record appended to the body). `merge=k` makes vLLM merge
 k tokens per line, as it does when the reader falls behind. SageMaker's own stream errors (ModelStreamError
 with ModelInvocationTimeExceeded or StreamBroken) come only from `sagemaker_runtime(..., stream_errors=[...])`.
+
+As a process, for trying a client against it or checking how it stops (tests/inference/test_signals.py):
+
+    python -m tests.fake_lmi --mode rolling --port 8081
+
+It prints `listening on http://127.0.0.1:PORT/invocations` once it answers, and stops on SIGTERM (exit 0) or Ctrl-C
+(exit 130), to the process or its group, once or repeated (`inference.processes`).
 """
 
 from __future__ import annotations
 
+import argparse
 import binascii
 import http.client
 import json
+import os
 import queue
 import random
 import struct
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -194,7 +204,7 @@ class FakeLmi(ThreadingHTTPServer):
 
     def __init__(self, mode: str = "rolling", *, version: str = "0.36.0", output_formatter: str = "json",
                  batch_size: int = 4, max_batch_delay_s: float = 0.01, max_rolling: int = 8,
-                 prefill_s: float = 0.005, token_s: float = 0.002, merge: int = 1):
+                 prefill_s: float = 0.005, token_s: float = 0.002, merge: int = 1, port: int = 0):
         if mode not in ("dynamic", "rolling"):
             raise ValueError(f"mode {mode!r}: dynamic or rolling")
         if version not in VERSIONS:
@@ -213,7 +223,7 @@ class FakeLmi(ThreadingHTTPServer):
         self._waiting: list[_Request] = []
         self._lock = threading.Condition()
         self._stopped = threading.Event()
-        super().__init__(("127.0.0.1", 0), _Handler)
+        super().__init__(("127.0.0.1", port), _Handler)
         self._workers = [threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True),
                          threading.Thread(target=self._schedule, daemon=True)]
 
@@ -564,3 +574,38 @@ def sagemaker_runtime(server: FakeLmi, region: str = "us-west-2", calls: list | 
 
     client.meta.events.register("before-send.sagemaker-runtime.*", forward)
     return client
+
+
+# --- as a process -------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until SIGTERM or Ctrl-C; the stop handlers are installed before this runs (see the end)."""
+    from inference import processes
+
+    parser = argparse.ArgumentParser(prog="python -m tests.fake_lmi", description="A loopback fake of LMI.")
+    parser.add_argument("--mode", choices=("dynamic", "rolling"), default="rolling", help="batching mode")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (0: any free port)")
+    args = parser.parse_args(argv)
+    print(f"fake LMI: starting (pid {os.getpid()}); Ctrl-C or SIGTERM stops", flush=True)
+    server = None
+    try:
+        server = FakeLmi(args.mode, port=args.port).__enter__()
+        print(f"listening on {server.url}", flush=True)
+        while True:
+            time.sleep(3600)
+    except processes.Stopped as stopped:
+        print(f"fake LMI: stopping ({stopped.args[0]})", flush=True)
+    except OSError as error:
+        print(f"fake LMI: error: cannot listen on 127.0.0.1:{args.port}: {error.strerror or error}", file=sys.stderr)
+        return 1
+    finally:
+        with processes.shielded():
+            if server is not None:
+                server.__exit__(None, None, None)
+    return processes.exit_status(processes.received())
+
+if __name__ == "__main__":
+    from inference import processes
+
+    processes.install_stop_handlers()
+    processes.finish(main())

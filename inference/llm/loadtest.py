@@ -23,7 +23,9 @@ Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeou
     python -m inference.llm.loadtest --compare runs/dynamic/report.json runs/rolling/report.json --out runs
 
 Exit status: 0 every step's error rate <= --max-error-rate; 1 some step exceeded it; 2 usage error;
-3 the target could not be used at all (unreachable, no credentials, every warm-up request failed); 130 stopped.
+3 the target could not be used at all (unreachable, no credentials, every warm-up request failed); stopped by
+SIGTERM 0, by Ctrl-C (SIGINT) 130, either to the process or its group, once or repeated (`inference.processes`); a
+stopped run still prints and writes the steps that finished.
 Statistics are defined in `inference.llm.loadtest_report`.
 """
 
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from inference import processes
 from inference.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
 from inference.llm import loadtest_report as reports
 from inference.llm.loadtest_report import Sample
@@ -572,7 +575,7 @@ def run_step(target: Target, workload: Workload, concurrency: int, requests: int
         for thread in threads:
             while thread.is_alive():
                 thread.join(timeout=0.2)  # wake up for Ctrl-C
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, processes.Stopped):
         stop.set()
         barrier.abort()
         for thread in threads:
@@ -657,7 +660,7 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
                     and step["error_count"] == step["requests"]:
                 report["aborted"] = "every request of the step failed, warm-up included"
                 break
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, processes.Stopped):
         report["interrupted"] = True
     report["finished_at"] = _now()
     report["passed"] = reports.passed(report["steps"], settings.max_error_rate)
@@ -783,6 +786,14 @@ def _default_label(target: Target) -> str:
 
 def main(argv: list[str] | None = None, target: Target | None = None) -> int:
     """The command line; `target` replaces the one --url/--endpoint would build (tests pass a stubbed one)."""
+    try:
+        return _main(argv, target)
+    except processes.Stopped as stopped:  # before the run began (loading a tokenizer, probing the target)
+        print(f"{PROG}: stopped before the first step", file=sys.stderr)
+        return stopped.exit_status
+
+
+def _main(argv: list[str] | None, target: Target | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -842,7 +853,7 @@ def main(argv: list[str] | None = None, target: Target | None = None) -> int:
         return EXIT_TARGET
     if report["interrupted"]:
         print(f"{PROG}: interrupted; the report holds the steps that finished", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED if processes.received() is None else processes.exit_status(processes.received())
     if not report["passed"]:
         worst = max(report["steps"], key=lambda step: step["error_rate"])
         print(f"{PROG}: error rate {worst['error_rate']:.1%} with {worst['concurrency']} concurrent clients is "
@@ -852,4 +863,5 @@ def main(argv: list[str] | None = None, target: Target | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    processes.install_stop_handlers()  # first: SIGTERM ends a run as Ctrl-C does, and a repeat cannot cut the report
+    processes.finish(main())
