@@ -89,4 +89,6 @@ def test_cli_exits_0_on_sigterm_every_time(archive, tmp_path):
     """The reliability check from issue 15: SIGTERM_RUNS group SIGTERMs in a row (about 10 s each on 2 cores)."""
     [server] = [server for server in SERVERS if server.name == "local-stack"]
     for run in range(int(os.environ["SIGTERM_RUNS"])):
-        run_case(server, signal.SIGTERM, "group-twice", tmp_path / f"run-{run}", archive=archive).check()
+        outcome = run_case(server, signal.SIGTERM, "group-twice", tmp_path / f"run-{run}", archive=archive)
+        assert outcome.returncode == 0, f"run {run}: exit {outcome.returncode}"
+        outcome.check()
