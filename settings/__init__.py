@@ -203,8 +203,9 @@ class SentimentSettings:
                                 f"at least sentiment.min_instances ({self.min_instances})")
 
 
-# LMI releases whose DJL Serving source was read (inference/llm/lmi/versions.py says what each one does).
-LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
+# LMI releases offered (inference/llm/lmi/versions.py says what each one does and what was checked). 0.36.0 names
+# two images (lmi27, lmi28), so the 0.36 and later releases carry their LMI number.
+LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0-lmi27", "0.36.0-lmi28", "0.38.0-lmi29")
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ class FalconSettings:
                                  describe="a SageMaker instance type such as ml.g5.48xlarge")
     tensor_parallel_degree: int = setting(8, choices=(1, 2, 4, 8))
     dtype: str = setting("fp16", choices=("fp16", "bf16"))
-    lmi_version: str = setting("0.33.0", choices=LMI_VERSIONS)
+    lmi_version: str = setting("0.36.0-lmi27", choices=LMI_VERSIONS)
     batching: str = setting("rolling_paged", choices=("dynamic", "rolling", "rolling_paged"))
     batch_size: int = setting(4, minimum=1, maximum=64)
     max_batch_delay_ms: int = setting(100, minimum=1, maximum=10000)
@@ -247,6 +248,20 @@ class FalconSettings:
     model_kv_heads: int | None = setting(None, minimum=1, maximum=1024)
     model_head_dim: int | None = setting(None, minimum=1, maximum=4096)
     model_parameters_billion: float | None = setting(None, minimum=0.001, maximum=10000)
+    # --- issue 22: vLLM arguments, prefix caching, concurrency, gated models (checked in inference.llm.lmi) ---
+    # Any other vLLM engine argument, as name=value items; each name must be an EngineArgs field of the vLLM the
+    # image bundles, and its value of that field's type (inference/llm/lmi/vllm.py).
+    vllm_args: tuple[str, ...] = setting((), describe="name=value items (vLLM engine arguments), comma-separated")
+    # vLLM's automatic prefix caching (option.enable_prefix_caching); None keeps the image's vLLM default.
+    enable_prefix_caching: bool | None = None
+    # LMI's MAX_CONCURRENT_REQUESTS (job_queue_size): requests one instance holds, batched or queued; None: 1000.
+    max_concurrent_requests: int | None = setting(None, minimum=1, maximum=100000)
+    # Path to the model's Hugging Face config.json: its architecture replaces the catalogue's (any decoder).
+    model_config: str | None = setting(None, pattern=r"^\S+\.json$", describe="a path to a config.json file")
+    # A Secrets Manager secret (name or ARN) whose SecretString is a Hugging Face token, for gated hub models.
+    hf_token_secret: str | None = setting(
+        None, pattern=r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[A-Za-z0-9/_+=.@-]{1,512}$",
+        describe="a Secrets Manager secret name or ARN")
 
     def __post_init__(self) -> None:
         if self.max_instances < self.min_instances:
