@@ -52,6 +52,10 @@ class FalconStack(EnvironmentStack):
         image = lmi.image_uri(settings.region, config.lmi_version)
         repository_arn = lmi.repository_arn(settings.region)
         environment = lmi.to_environment(config)
+        if config.hf_token_secret:
+            # A CloudFormation dynamic reference, resolved when the model is created: the template (and cdk.out)
+            # hold the secret's name only. LMI 0.33+ print HF_TOKEN as *** at start (ConfigManager.java).
+            environment["HF_TOKEN"] = cdk.SecretValue.secrets_manager(config.hf_token_secret).unsafe_unwrap()
         report = lmi.sizing(config)
         print(f"falcon sizing ({settings.name}):\n{report.format_report()}", file=sys.stderr)
         for warning in warnings:

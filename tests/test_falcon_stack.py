@@ -49,7 +49,7 @@ def test_model_gets_the_rendered_configuration_as_environment(hub):
     # The container registers the hub model from HF_MODEL_ID and serves it with vLLM's async service.
     assert container["Environment"]["HF_MODEL_ID"] == "tiiuae/falcon-40b"
     assert container["Environment"]["OPTION_ENTRYPOINT"] == "djl_python.lmi_vllm.vllm_async_service"
-    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128"
+    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.36.0-lmi27.0.0-cu130"
     assert "ModelDataSource" not in container
 
 
@@ -255,3 +255,16 @@ def test_an_autoscaled_endpoint_keeps_its_instance_count_across_updates(hub, fro
     assert only(from_s3.template("falcon"), "AWS::SageMaker::Endpoint")["RetainAllVariantProperties"] is True
     # One fixed instance: nothing to keep, and a smaller fleet than configured never survives an update.
     assert "RetainAllVariantProperties" not in only(hub.template("falcon"), "AWS::SageMaker::Endpoint")
+
+
+def test_a_gated_models_token_is_a_deploy_time_reference_never_a_value(tmp_path):
+    """falcon.hf_token_secret: HF_TOKEN is a Secrets Manager dynamic reference, resolved by CloudFormation when it
+    creates the model; the synthesized template holds the secret's name only."""
+    overrides = {**HUB, "falcon.hf_token_secret": "prod/hf-token", "falcon.model_id": "Qwen/Qwen3-8B",
+                 "falcon.dtype": "bf16"}
+    template = synthesize(tmp_path, "prod", overrides).template("falcon")
+    environment = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    assert environment["HF_TOKEN"] == "{{resolve:secretsmanager:prod/hf-token:SecretString:::}}"
+    assert environment["HF_MODEL_ID"] == "Qwen/Qwen3-8B"
+    assert {k: v for k, v in environment.items() if k != "HF_TOKEN"} == lmi.to_environment(
+        load_settings("prod", overrides).falcon)
