@@ -352,3 +352,88 @@ def test_catalogue_models_fit_the_smoke_and_prod_instances(model_id):
     lmi.check(falcon(model_id=model_id, dtype="bf16"))  # prod: ml.g5.48xlarge, tensor parallel 8
     refused(lmi.check_engine_is_known_on_023, falcon(model_id=model_id, lmi_version="0.23.0"), "falcon.model_id",
             "Falcon")
+
+
+# --- staging weights in S3 (the production path) ---------------------------------------------------------
+
+def _fake_hub(files: dict[str, bytes], seen: dict):
+    """Stands in for huggingface_hub.snapshot_download: writes the files it would fetch, records the call."""
+    def download(*, repo_id, revision, local_dir, allow_patterns, token):
+        seen.update(repo_id=repo_id, revision=revision, allow_patterns=allow_patterns, token=token)
+        for name, data in files.items():
+            path = Path(local_dir) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        (Path(local_dir) / ".cache").mkdir()
+        (Path(local_dir) / ".cache" / "lock").write_text("")
+        return local_dir
+    return download
+
+
+def test_stage_uploads_a_pinned_revision_with_a_manifest(capsys):
+    import hashlib
+    import json
+
+    import boto3
+    from moto import mock_aws
+
+    from inference.llm.lmi.stage import ALLOW_PATTERNS, stage
+
+    files = {"config.json": b'{"model_type": "qwen3"}', "model-00001-of-00001.safetensors": b"weights",
+             "tokenizer.json": b"{}"}
+    seen: dict = {}
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="artifacts-bucket")
+        uri = stage("Qwen/Qwen3-8B", REVISION, "s3://artifacts-bucket/models/qwen3-8b/", token="hf_secret",
+                    download=_fake_hub(files, seen), s3_client=s3, log=lambda line: None)
+        keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket="artifacts-bucket")["Contents"])
+        manifest = json.loads(s3.get_object(Bucket="artifacts-bucket",
+                                            Key=f"models/qwen3-8b/{REVISION}/STAGED.json")["Body"].read())
+    assert uri == f"s3://artifacts-bucket/models/qwen3-8b/{REVISION}/"
+    assert keys == sorted(f"models/qwen3-8b/{REVISION}/{n}" for n in [*files, "STAGED.json"])  # no .cache
+    assert manifest == {"model_id": "Qwen/Qwen3-8B", "revision": REVISION,
+                        "files": {n: hashlib.sha256(d).hexdigest() for n, d in files.items()}}
+    assert seen["revision"] == REVISION and seen["token"] == "hf_secret" and "*.bin" not in ALLOW_PATTERNS
+    # the printed prefix is a valid falcon.model_s3_uri, and that configuration serves with network isolation
+    settings = load_settings("prod", {"falcon.model_s3_uri": uri, "falcon.model_id": "Qwen/Qwen3-8B",
+                                      "falcon.dtype": "bf16"}).falcon
+    assert lmi.check(settings) == [] and lmi.render(settings)["option.model_id"] == "/opt/ml/model"
+
+
+def test_stage_refuses_a_moving_revision_a_bad_prefix_and_missing_weights(capsys):
+    from inference.llm.lmi.stage import StageError, main, stage
+
+    assert main(["--model-id", "m/x", "--revision", "main", "--s3-uri", "s3://artifacts-bucket/m/"]) == 1
+    assert "40-character commit hash" in capsys.readouterr().err
+    with pytest.raises(StageError, match="ending in /"):
+        stage("m/x", REVISION, "s3://artifacts-bucket/m", token=None, s3_client=object())
+    with pytest.raises(StageError, match=r"no config\.json and"):
+        stage("m/x", REVISION, "s3://artifacts-bucket/m/", token=None, s3_client=object(),
+              download=_fake_hub({"config.json": b"{}", "pytorch_model.bin": b"pickle"}, {}), log=lambda line: None)
+
+
+def test_stage_takes_the_token_from_secrets_manager_and_never_prints_it(capsys, monkeypatch):
+    import boto3
+    from moto import mock_aws
+
+    from inference.llm.lmi import stage as stage_module
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        boto3.client("secretsmanager").create_secret(Name="prod/hf-token", SecretString="hf_verysecret")
+        assert stage_module.hub_token("prod/hf-token", "us-east-1") == "hf_verysecret"
+        with pytest.raises(stage_module.StageError, match="cannot read secret prod/other"):
+            stage_module.hub_token("prod/other", "us-east-1")
+
+        def failing(**kwargs):
+            raise RuntimeError(f"401 for token {kwargs['token']}")
+
+        monkeypatch.setattr(stage_module, "_snapshot_download", failing)
+        boto3.client("s3").create_bucket(Bucket="artifacts-bucket")
+        code = stage_module.main(["--model-id", "m/x", "--revision", REVISION, "--s3-uri", "s3://artifacts-bucket/m/",
+                                  "--hf-token-secret", "prod/hf-token", "--region", "us-east-1"])
+    captured = capsys.readouterr()
+    assert code == 1 and "401 for token ***" in captured.err
+    assert "hf_verysecret" not in captured.out + captured.err
+    assert stage_module.hub_token(None, None, {"HF_TOKEN": "hf_env"}) == "hf_env"
