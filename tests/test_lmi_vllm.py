@@ -437,3 +437,23 @@ def test_stage_takes_the_token_from_secrets_manager_and_never_prints_it(capsys, 
     assert code == 1 and "401 for token ***" in captured.err
     assert "hf_verysecret" not in captured.out + captured.err
     assert stage_module.hub_token(None, None, {"HF_TOKEN": "hf_env"}) == "hf_env"
+
+
+# --- the new settings, as cdk -c and cdk.json give them ------------------------------------------------------
+
+def test_new_settings_parse_from_the_command_line_and_cdk_json():
+    from_cli = load_settings("dev", {"falcon.vllm_args": "enforce_eager=true, kv_cache_dtype=fp8",
+                                     "falcon.enable_prefix_caching": "false", "falcon.max_concurrent_requests": "64",
+                                     "falcon.model_config": "tests/lmi_model_configs/mistral.json"}).falcon
+    assert from_cli.vllm_args == ("enforce_eager=true", "kv_cache_dtype=fp8")
+    assert (from_cli.enable_prefix_caching, from_cli.max_concurrent_requests) == (False, 64)
+    from_json = load_settings("dev", {"falcon.vllm_args": ['speculative_config={"method": "ngram", "n": 4}'],
+                                      "falcon.enable_prefix_caching": "none"}).falcon
+    assert from_json.vllm_args == ('speculative_config={"method": "ngram", "n": 4}',)  # a list keeps the comma
+    assert from_json.enable_prefix_caching is None
+    assert FalconSettings().lmi_version == lmi.DEFAULT_VERSION == "0.36.0-lmi27"
+    for key, value, allowed in (("falcon.max_concurrent_requests", "0", "from 1"),
+                                ("falcon.model_config", "config.yaml", "config.json"),
+                                ("falcon.lmi_version", "0.36.0", "0.36.0-lmi27")):
+        with pytest.raises(SettingsError, match=allowed):
+            load_settings("dev", {key: value})
