@@ -20,6 +20,7 @@ from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
 from settings import FalconSettings, SettingsError
 from tests.lmi_container import (
     BRANCH_VLLM,
+    BRANCHES,
     FALCON_HUB_CONFIG,
     FALCON_RW_CONFIG,
     MODEL_STORE,
@@ -63,6 +64,13 @@ def test_the_offered_versions_are_the_ones_read():
     assert offered == set(EXPECTED) | REFUSED
     assert {v: lmi.container(v).vllm_rules for v in BUNDLED_VLLM} == BUNDLED_VLLM
     assert {v for v in lmi.VERSIONS if not lmi.container(v).public_source} == set(NOT_PUBLIC)
+
+
+def test_rules_and_container_model_were_read_at_the_same_commits():
+    """versions.py (the rendering's rules) and tests/lmi_container.py (DJL's start-up) cite the same branch
+    commits; a re-read at a newer commit must update both."""
+    assert {v: (lmi.container(v).branch, lmi.container(v).commit) for v in BRANCHES} == BRANCHES
+    assert {lmi.container(v).commit for v in NOT_PUBLIC} == {BRANCHES["0.36.0-lmi27"][1]}
 
 
 def branch(version: str) -> str:

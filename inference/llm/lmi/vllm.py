@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 
 from inference.llm.lmi.models import Architecture, architecture
+from inference.llm.lmi.render import render
 from inference.llm.lmi.versions import VLLM, ContainerVersion, backend, container
 from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
 from settings import FalconSettings, SettingsError
@@ -216,8 +217,6 @@ _SETTING_OF = {
 def engine_arguments(falcon: FalconSettings) -> dict[str, str]:
     """The engine arguments render(falcon) gives vLLM, named as vLLM names them (DJL's mapping,
     vllm_rb_properties.py generate_vllm_engine_arg_dict; pass-through options keep their names)."""
-    from inference.llm.lmi.render import render  # render imports the rules' neighbours; keep the import local
-
     options = {k.removeprefix("option."): v for k, v in render(falcon).items() if k.startswith("option.")}
     renamed = {"tensor_parallel_degree": "tensor_parallel_size", "max_rolling_batch_size": "max_num_seqs",
                "max_rolling_batch_prefill_tokens": "max_num_batched_tokens"}
