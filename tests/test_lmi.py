@@ -154,9 +154,10 @@ def refused(rule, settings: FalconSettings, key: str, *fragments: str) -> Settin
 
 def test_timeouts_within_sagemakers_limits():
     lmi.check_timeouts(falcon(download_timeout_s=60, model_loading_timeout_s=3600))
-    refused(lmi.check_timeouts, falcon(download_timeout_s=59), "falcon.download_timeout_s", "60 to 3600")
-    refused(lmi.check_timeouts, falcon(startup_health_check_timeout_s=3601),
-            "falcon.startup_health_check_timeout_s", "60 to 3600")
+    # The settings models refuse values outside SageMaker's limits before any rule runs.
+    for key, value in (("download_timeout_s", 59), ("startup_health_check_timeout_s", 3601)):
+        with pytest.raises(SettingsError, match=rf"falcon.{key}={value}: expected a value from 60 to 3600"):
+            load_settings("dev", {f"falcon.{key}": value})
 
 
 def test_health_check_must_outlast_model_loading():
@@ -377,7 +378,8 @@ def test_image_uris_agree_with_the_sagemaker_sdk():
     Accounts, repository and tag come from the SDK's tables for every pair; `retrieve()` itself (about 80 ms a
     call) checks the URI's form in one region of each partition.
     """
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     from stacks.images import DLC_ACCOUNTS
 
     compared = 0
@@ -410,7 +412,8 @@ def test_every_selectable_version_has_an_image_and_rules():
 
 
 def test_every_offered_version_is_in_the_sagemaker_sdks_lmi_tables():
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     tables = {**image_uris.config_for_framework("djl-deepspeed")["versions"],
               **image_uris.config_for_framework("djl-lmi")["versions"]}
     in_sdk = {version for version, tag in lmi.IMAGE_TAGS.items()
@@ -430,7 +433,14 @@ def test_local_nvme_instance_types():
 def test_cli_renders_the_environments_properties_file(capsys):
     assert main(["render", "--env", "prod"]) == 0
     out = capsys.readouterr().out
-    assert parse_properties(out) == lmi.render(load_settings("prod").falcon)
+    # prod's defaults: LMI 0.33 (vLLM, engine Python), the recipe's TP 8 fp16, batch 32, prefill 1024.
+    assert parse_properties(out) == {
+        "engine": "Python", "option.model_id": "tiiuae/falcon-40b", "option.tensor_parallel_degree": "8",
+        "option.dtype": "fp16", "option.trust_remote_code": "false", "option.model_loading_timeout": "1800",
+        "option.entryPoint": "djl_python.lmi_vllm.vllm_async_service", "option.async_mode": "true",
+        "option.rolling_batch": "vllm", "option.max_rolling_batch_size": "32",
+        "option.max_rolling_batch_prefill_tokens": "1024", "option.max_model_len": "1280",
+        "option.gpu_memory_utilization": "0.9", "option.enable_chunked_prefill": "true"}
 
 
 def test_cli_renders_environment_variables_with_overrides(capsys):

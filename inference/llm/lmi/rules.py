@@ -12,7 +12,7 @@ from inference.llm.lmi.vllm import check_prefix_caching, check_vllm_args, check_
 from settings import FalconSettings, SettingsError
 
 TIMEOUT_RANGE = (60, 3600)
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FalconSettings)}
+_DEFAULTS = dataclasses.asdict(FalconSettings())
 _ROLLING_KEYS = ("max_rolling_batch_size", "max_rolling_batch_prefill_tokens")
 _DYNAMIC_KEYS = ("batch_size", "max_batch_delay_ms")
 
