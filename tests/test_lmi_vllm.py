@@ -323,16 +323,30 @@ def test_falcon_configs_in_both_of_their_forms():
         from_config({"model_type": "t5"})
 
 
-@pytest.mark.parametrize("name", ["llama.json", "mistral.json", "qwen2.json"])
+@pytest.mark.parametrize("name", ["llama.json", "mistral.json", "qwen2.json", "gemma3.json"])
 def test_cli_sizing_reads_a_model_config(name, capsys):
     path = str(CONFIGS / name)
     assert main(["sizing", "--model-config", path, "--model-id", f"example/{name[:-5]}",
                  "--instance-type", "ml.g5.2xlarge", "--tensor-parallel-degree", "1", "--dtype", "bf16",
                  "--max-rolling-batch-size", "8"]) == 0
-    out = capsys.readouterr().out
-    assert f"example/{name[:-5]} bf16 on ml.g5.2xlarge" in out and "largest batch" in out
+    captured = capsys.readouterr()
+    assert f"example/{name[:-5]} (architecture of {path}) bf16 on ml.g5.2xlarge" in captured.out
+    assert "largest batch" in captured.out
+    assert "is a falcon model" not in captured.err  # model_id is not a catalogue model: nothing to disagree with
     assert main(["render", "--model-config", path, "--model-id", f"example/{name[:-5]}",
                  "--instance-type", "ml.g5.48xlarge", "--tensor-parallel-degree", "4", "--dtype", "bf16"]) == 0
+
+
+def test_cli_sizing_with_only_a_config_file_warns_that_model_id_is_another_model(capsys):
+    """The issue's form, `sizing --model-config config.json`: sized from the file; the default model_id (Falcon)
+    would be what deploys, so it says so."""
+    path = str(CONFIGS / "llama.json")
+    assert main(["sizing", "--model-config", path]) == 0
+    captured = capsys.readouterr()
+    assert f"tiiuae/falcon-40b (architecture of {path}) fp16" in captured.out
+    assert "KV cache  131,072 bytes per token" in captured.out  # Llama 3 8B: 2 x 32 layers x 8 KV heads x 128 x 2
+    assert ("warning: falcon.model_config is a llama config.json, but falcon.model_id tiiuae/falcon-40b is a "
+            "falcon model") in captured.err
 
 
 def test_cli_refuses_a_tensor_parallel_degree_the_model_cannot_split(capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from inference.llm.lmi.hardware import gpu_instance
-from inference.llm.lmi.models import CATALOGUE, architecture
+from inference.llm.lmi.models import CATALOGUE, architecture, from_config_file
 from inference.llm.lmi.sizing import check_memory
 from inference.llm.lmi.versions import LMI_DIST, VLLM, backend, container
 from inference.llm.lmi.vllm import check_prefix_caching, check_vllm_args, check_vllm_engine
@@ -151,6 +151,20 @@ def check_tensor_parallel(falcon: FalconSettings) -> None:
                             f"a divisor or multiple of the {arch.kv_heads} KV heads of {falcon.model_id}")
 
 
+def config_names_another_model(falcon: FalconSettings) -> list[str]:
+    """falcon.model_config sizes and checks the model; a catalogue model_id of another type then deploys a model the
+    checks never saw (sizing one config file alone, with model_id left at its default, is fine)."""
+    if not falcon.model_config or falcon.model_id not in CATALOGUE:
+        return []
+    config_type = from_config_file(falcon.model_config).model_type
+    catalogue_type = CATALOGUE[falcon.model_id].model_type
+    if config_type == catalogue_type:
+        return []
+    return [f"falcon.model_config is a {config_type or 'model without model_type'} config.json, but falcon.model_id "
+            f"{falcon.model_id} is a {catalogue_type} model: the checks used the config file, the endpoint would "
+            "serve model_id; set falcon.model_id to the config's model"]
+
+
 def check(falcon: FalconSettings) -> list[str]:
     """Every rule, cheapest first; raises SettingsError on the first failure, returns warnings."""
     check_timeouts(falcon)
@@ -168,6 +182,7 @@ def check(falcon: FalconSettings) -> list[str]:
     check_vllm_args(falcon)
     check_vllm_engine(falcon)
     warnings = check_memory(falcon)
+    warnings += config_names_another_model(falcon)
     if not falcon.model_s3_uri and not falcon.model_revision:
         warnings.append(f"falcon.model_revision is not set: the container downloads whatever {falcon.model_id}'s "
                         "main branch holds at start; pin a commit hash for repeatable deploys")
