@@ -81,6 +81,12 @@ class FalconStack(EnvironmentStack):
             # From the hub the container downloads them itself, which isolation would block.
             enable_network_isolation=config.model_s3_uri is not None,
         )
+        if config.model_s3_uri is None:
+            # checkov's inline form (resource Metadata checkov.skip): the finding stays visible, with its reason.
+            model.add_metadata("checkov", {"skip": [{
+                "id": "CKV_AWS_370",
+                "comment": "hub mode: the container downloads the weights itself; serve from S3 with network "
+                           "isolation by staging them (python -m inference.llm.lmi stage, falcon.model_s3_uri)"}]})
         # SageMaker checks at CreateModel that the role can pull the image: the policy must exist first.
         model.node.add_dependency(role.node.find_child("DefaultPolicy"))
 

@@ -68,6 +68,17 @@ def test_model_runs_in_the_private_subnets_and_downloads_from_the_hub(hub):
     assert group["Fn::GetAtt"][1] == "GroupId"
 
 
+def test_only_hub_mode_runs_without_network_isolation_and_says_why(hub, from_s3):
+    """checkov CKV_AWS_370 (SageMaker model without network isolation) is acknowledged in hub mode only, with the
+    production path in its reason; from S3 the model is isolated and needs no acknowledgement."""
+    (hub_model,) = hub.template("falcon").find_resources("AWS::SageMaker::Model").values()
+    (skip,) = hub_model["Metadata"]["checkov"]["skip"]
+    assert skip["id"] == "CKV_AWS_370" and "inference.llm.lmi stage" in skip["comment"]
+    (s3_model,) = from_s3.template("falcon").find_resources("AWS::SageMaker::Model").values()
+    assert s3_model["Properties"]["EnableNetworkIsolation"] is True
+    assert "checkov" not in s3_model.get("Metadata", {})
+
+
 def test_model_waits_for_the_role_policy_that_lets_it_pull(hub):
     template = hub.template("falcon")
     (policy_id,) = [key for key, policy in template.find_resources("AWS::IAM::Policy").items()
