@@ -41,8 +41,8 @@ def policy_statements(template) -> dict[str, dict]:
 
 
 def test_model_gets_the_default_configuration_as_environment(hub):
-    """LMI 0.33 (vLLM only, engine Python), continuous batching with paging, the recipe's TP 8 fp16, batch 32 and
-    prefill 1024; vLLM's context = input + output tokens (FACTS: LMI configuration, 0.33 and later)."""
+    """LMI 0.36.0-lmi27, the default (vLLM only, engine Python), continuous batching with paging, the recipe's TP 8
+    fp16, batch 32 and prefill 1024; vLLM's context = input + output tokens (FACTS: LMI configuration, 0.33+)."""
     template = hub.template("falcon")
     container = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]
     assert container["Environment"] == {
