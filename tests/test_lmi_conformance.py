@@ -18,6 +18,7 @@ from inference.llm import lmi
 from inference.llm.lmi.vllm import start_checks
 from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
 from settings import FalconSettings, SettingsError
+from tests import fake_lmi
 from tests.lmi_container import (
     BRANCH_VLLM,
     BRANCHES,
@@ -67,9 +68,11 @@ def test_the_offered_versions_are_the_ones_read():
 
 
 def test_rules_and_container_model_were_read_at_the_same_commits():
-    """versions.py (the rendering's rules) and tests/lmi_container.py (DJL's start-up) cite the same branch
-    commits; a re-read at a newer commit must update both."""
+    """versions.py (the rendering's rules), tests/lmi_container.py (DJL's start-up) and tests/fake_lmi.py (what
+    DJL sends) cite the same branch commits; a re-read at a newer commit must update all three."""
     assert {v: (lmi.container(v).branch, lmi.container(v).commit) for v in BRANCHES} == BRANCHES
+    # The fake LMI's bytes (tests/fake_lmi.py, what the streaming client is tested on) were read there too.
+    assert fake_lmi.SOURCES == BRANCHES
     assert {lmi.container(v).commit for v in NOT_PUBLIC} == {BRANCHES["0.36.0-lmi27"][1]}
 
 
