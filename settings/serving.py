@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from settings.errors import SettingsError
 from settings.fields import SageMakerInstanceType, section, setting, text
@@ -95,6 +95,15 @@ class FalconSettings:
                                                   "catalogue's")
     hf_token_secret: SecretName | None = setting(None, "Secrets Manager secret holding a Hugging Face token "
                                                  "(gated hub models)")
+
+    @field_validator("lmi_version", mode="before")
+    @classmethod
+    def _renamed_version(cls, value: object) -> object:
+        """Up to this release `0.36.0` meant the lmi27 image; AWS has two 0.36.0 images now, so say which it was."""
+        if value == "0.36.0":
+            raise SettingsError("falcon.lmi_version", value, "0.36.0-lmi27 (the image 0.36.0 deployed before "
+                                "0.36 releases were named by LMI number), or one of " + ", ".join(LMI_VERSIONS))
+        return value
 
     @model_validator(mode="after")
     def _instances(self) -> FalconSettings:

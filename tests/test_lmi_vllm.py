@@ -468,6 +468,6 @@ def test_new_settings_parse_from_the_command_line_and_cdk_json():
     assert FalconSettings().lmi_version == lmi.DEFAULT_VERSION == "0.36.0-lmi27"
     for key, value, allowed in (("falcon.max_concurrent_requests", "0", "from 1"),
                                 ("falcon.model_config", "config.yaml", "config.json"),
-                                ("falcon.lmi_version", "0.36.0", "0.36.0-lmi27")):
+                                ("falcon.lmi_version", "0.36.0", "0.36.0-lmi27 \\(the image 0.36.0 deployed before")):
         with pytest.raises(SettingsError, match=allowed):
             load_settings("dev", {key: value})
