@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from settings.errors import SettingsError
 from settings.fields import SageMakerInstanceType, section, setting, text
 
-# LMI releases whose DJL Serving source was read (inference/llm/lmi/versions.py says what each one does).
-LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
+# LMI releases offered (inference/llm/lmi/versions.py says what each one does and what was checked). 0.36.0 names
+# two images (lmi27, lmi28), so the 0.36 and later releases carry their LMI number.
+LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0-lmi27", "0.36.0-lmi28", "0.38.0-lmi29")
 
 ModelArchive = text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$", "an s3:// URI of a model.tar.gz")
 S3Prefix = text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$", "an s3:// prefix ending in /")
 HubModelId = text(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", "a Hugging Face model id such as tiiuae/falcon-40b")
+# A Secrets Manager secret name, or its ARN.
+SecretName = text(r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[A-Za-z0-9/_+=.@-]{1,512}$",
+                  "a Secrets Manager secret name or ARN")
+ConfigJsonPath = text(r"^\S+\.json$", "a path to a model's config.json file")
 HubRevision = text(r"^[A-Za-z0-9][\w.-]{0,99}$", "a Hugging Face revision: a commit hash, tag or branch name")
 
 
@@ -59,7 +64,7 @@ class FalconSettings:
     instance_type: SageMakerInstanceType = setting("ml.g5.48xlarge", "endpoint instance type")
     tensor_parallel_degree: Literal[1, 2, 4, 8] = setting(8, "GPUs the model is split across")
     dtype: Literal["fp16", "bf16"] = setting("fp16", "weight precision")
-    lmi_version: Literal[LMI_VERSIONS] = setting("0.33.0", "LMI (DJL Serving) container release")
+    lmi_version: Literal[LMI_VERSIONS] = setting("0.36.0-lmi27", "LMI (DJL Serving) container release")
     batching: Literal["dynamic", "rolling", "rolling_paged"] = setting("rolling_paged", "batching mode")
     batch_size: int = setting(4, "dynamic batching: requests per batch", ge=1, le=64)
     max_batch_delay_ms: int = setting(100, "dynamic batching: batch wait", ge=1, le=10000, unit="ms")
@@ -81,6 +86,24 @@ class FalconSettings:
     model_kv_heads: int | None = setting(None, "... key/value heads", ge=1, le=1024)
     model_head_dim: int | None = setting(None, "... head dimension", ge=1, le=4096)
     model_parameters_billion: float | None = setting(None, "... parameters", ge=0.001, le=10000, unit="billion")
+    # Checked against the image's vLLM and DJL's LMI guides in inference/llm/lmi (vllm.py, rules.py).
+    vllm_args: tuple[str, ...] = setting((), "other vLLM engine arguments as name=value items")
+    enable_prefix_caching: bool | None = setting(None, "vLLM's automatic prefix caching; none: the image's default")
+    max_concurrent_requests: int | None = setting(None, "requests one instance holds, batched or queued "
+                                                  "(MAX_CONCURRENT_REQUESTS); none: 1000", ge=1, le=100000)
+    model_config: ConfigJsonPath | None = setting(None, "the model's config.json: its architecture replaces the "
+                                                  "catalogue's")
+    hf_token_secret: SecretName | None = setting(None, "Secrets Manager secret holding a Hugging Face token "
+                                                 "(gated hub models)")
+
+    @field_validator("lmi_version", mode="before")
+    @classmethod
+    def _renamed_version(cls, value: object) -> object:
+        """Up to this release `0.36.0` meant the lmi27 image; AWS has two 0.36.0 images now, so say which it was."""
+        if value == "0.36.0":
+            raise SettingsError("falcon.lmi_version", value, "0.36.0-lmi27 (the image 0.36.0 deployed before "
+                                "0.36 releases were named by LMI number), or one of " + ", ".join(LMI_VERSIONS))
+        return value
 
     @model_validator(mode="after")
     def _instances(self) -> FalconSettings:

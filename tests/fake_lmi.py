@@ -9,9 +9,10 @@ github.com/deepjavalibrary/djl-serving, paths under `engines/python/setup/djl_py
 | 0.23.0 | 0.23.0-dlc | 07673c54097d8a51bf6e526d3268b7d19e8b5425 (djl api v0.23.0 bae9212b) |
 | 0.33.0 | 0.33.0-dlc | 8b3b685b65f0ba1d89ce471c0f1cefc09dc36da2 (djl api v0.34.0 8799a1b4) |
 | 0.35.0 | 0.35.0-dlc | 637866135ee775bc1533808e843d7c32c8a2c179 (djl api v0.35.0) |
-| 0.36.0 | 0.36.0-lmi27-dlc | 7e13b081383bd46293d4b49ab214d4757b1effd5 (djl api v0.36.0 1a7265a7) |
+| 0.36.0-lmi27 | 0.36.0-lmi27-dlc | 7e13b081383bd46293d4b49ab214d4757b1effd5 (djl api v0.36.0 1a7265a7) |
 
-DJL Serving's public source has no 0.38 branch (the snapshot ends at 0.36.0-lmi27-dlc), so 0.38 is not modelled.
+DJL Serving's public source has no branch for 0.36.0-lmi28 or 0.38.0-lmi29 (the snapshot ends at 0.36.0-lmi27-dlc),
+so they are not modelled; version names are inference.llm.lmi's `lmi_version` values.
 The rule behind each byte is beside the function that builds it. Modes are the project's (inference.llm.lmi
 .versions): `dynamic` (huggingface.py, transformers pipeline, batch_size > 1) and `rolling` (0.23: lmi-dist under
 rolling_batch.py; 0.33+: lmi_vllm/vllm_async_service.py). Batching is simulated: dynamic gathers up to
@@ -48,11 +49,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _DONE = object()
 ANSWER_WAIT_S = 10.0  # the most a handler waits for the scheduler's next token before giving up
-VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
+VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0-lmi27")
 SOURCES = {"0.23.0": ("0.23.0-dlc", "07673c54097d8a51bf6e526d3268b7d19e8b5425"),
            "0.33.0": ("0.33.0-dlc", "8b3b685b65f0ba1d89ce471c0f1cefc09dc36da2"),
            "0.35.0": ("0.35.0-dlc", "637866135ee775bc1533808e843d7c32c8a2c179"),
-           "0.36.0": ("0.36.0-lmi27-dlc", "7e13b081383bd46293d4b49ab214d4757b1effd5")}
+           "0.36.0-lmi27": ("0.36.0-lmi27-dlc", "7e13b081383bd46293d4b49ab214d4757b1effd5")}
 # Token texts: one word each (so a whitespace count equals the token count), several with multi-byte UTF-8, so a
 # PayloadPart cut can fall inside a character. Ids are what a tokenizer would give; only their presence matters.
 VOCABULARY = (" Grüße", " naïve", " 東京", " ok", " €5", " 🚀", " the", " déjà")
@@ -202,7 +203,7 @@ class _Request:
 class FakeLmi(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, mode: str = "rolling", *, version: str = "0.36.0", output_formatter: str = "json",
+    def __init__(self, mode: str = "rolling", *, version: str = "0.36.0-lmi27", output_formatter: str = "json",
                  batch_size: int = 4, max_batch_delay_s: float = 0.01, max_rolling: int = 8,
                  prefill_s: float = 0.005, token_s: float = 0.002, merge: int = 1, port: int = 0):
         if mode not in ("dynamic", "rolling"):

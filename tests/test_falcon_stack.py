@@ -41,8 +41,8 @@ def policy_statements(template) -> dict[str, dict]:
 
 
 def test_model_gets_the_default_configuration_as_environment(hub):
-    """LMI 0.33 (vLLM only, engine Python), continuous batching with paging, the recipe's TP 8 fp16, batch 32 and
-    prefill 1024; vLLM's context = input + output tokens (FACTS: LMI configuration, 0.33 and later)."""
+    """LMI 0.36.0-lmi27, the default (vLLM only, engine Python), continuous batching with paging, the recipe's TP 8
+    fp16, batch 32 and prefill 1024; vLLM's context = input + output tokens (FACTS: LMI configuration, 0.33+)."""
     template = hub.template("falcon")
     container = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]
     assert container["Environment"] == {
@@ -55,7 +55,7 @@ def test_model_gets_the_default_configuration_as_environment(hub):
     # The container registers the hub model from HF_MODEL_ID and serves it with vLLM's async service.
     assert container["Environment"]["HF_MODEL_ID"] == "tiiuae/falcon-40b"
     assert container["Environment"]["OPTION_ENTRYPOINT"] == "djl_python.lmi_vllm.vllm_async_service"
-    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128"
+    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.36.0-lmi27.0.0-cu130"
     assert "ModelDataSource" not in container
 
 
@@ -66,6 +66,17 @@ def test_model_runs_in_the_private_subnets_and_downloads_from_the_hub(hub):
     assert len(subnets) == 2 and all("privateSubnet" in s["Fn::ImportValue"] for s in subnets)
     (group,) = model["VpcConfig"]["SecurityGroupIds"]
     assert group["Fn::GetAtt"][1] == "GroupId"
+
+
+def test_only_hub_mode_runs_without_network_isolation_and_says_why(hub, from_s3):
+    """checkov CKV_AWS_370 (SageMaker model without network isolation) is acknowledged in hub mode only, with the
+    production path in its reason; from S3 the model is isolated and needs no acknowledgement."""
+    (hub_model,) = hub.template("falcon").find_resources("AWS::SageMaker::Model").values()
+    (skip,) = hub_model["Metadata"]["checkov"]["skip"]
+    assert skip["id"] == "CKV_AWS_370" and "inference.llm.lmi stage" in skip["comment"]
+    (s3_model,) = from_s3.template("falcon").find_resources("AWS::SageMaker::Model").values()
+    assert s3_model["Properties"]["EnableNetworkIsolation"] is True
+    assert "checkov" not in s3_model.get("Metadata", {})
 
 
 def test_model_waits_for_the_role_policy_that_lets_it_pull(hub):
@@ -288,3 +299,27 @@ def test_an_autoscaled_endpoint_keeps_its_instance_count_across_updates(hub, fro
     assert only(from_s3.template("falcon"), "AWS::SageMaker::Endpoint")["RetainAllVariantProperties"] is True
     # One fixed instance: nothing to keep, and a smaller fleet than configured never survives an update.
     assert "RetainAllVariantProperties" not in only(hub.template("falcon"), "AWS::SageMaker::Endpoint")
+
+
+def test_a_gated_models_token_is_a_deploy_time_reference_never_a_value(tmp_path):
+    """falcon.hf_token_secret: HF_TOKEN is a Secrets Manager dynamic reference, resolved by CloudFormation when it
+    creates the model; the synthesized assembly holds the secret's name only, in that one place."""
+    overrides = {**HUB, "falcon.hf_token_secret": "prod/hf-token", "falcon.model_id": "Qwen/Qwen3-8B",
+                 "falcon.dtype": "bf16"}
+    app = synthesize(tmp_path, "prod", overrides)
+    template = app.template("falcon")
+    environment = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    assert environment == {
+        "HF_TOKEN": "{{resolve:secretsmanager:prod/hf-token:SecretString:::}}",
+        "OPTION_ENGINE": "Python", "HF_MODEL_ID": "Qwen/Qwen3-8B", "OPTION_TENSOR_PARALLEL_DEGREE": "8",
+        "OPTION_DTYPE": "bf16", "OPTION_TRUST_REMOTE_CODE": "false", "OPTION_MODEL_LOADING_TIMEOUT": "1800",
+        "OPTION_ENTRYPOINT": "djl_python.lmi_vllm.vllm_async_service", "OPTION_ASYNC_MODE": "true",
+        "OPTION_ROLLING_BATCH": "vllm", "OPTION_MAX_ROLLING_BATCH_SIZE": "32",
+        "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": "1024", "OPTION_MAX_MODEL_LEN": "1280",
+        "OPTION_GPU_MEMORY_UTILIZATION": "0.9", "OPTION_ENABLE_CHUNKED_PREFILL": "true"}
+    # Everywhere in the assembly (templates, tree.json, manifests) the secret appears only as that reference.
+    assembly = "".join(path.read_text(errors="replace") for path in tmp_path.rglob("*") if path.is_file())
+    reference = "{{resolve:secretsmanager:prod/hf-token:SecretString:::}}"
+    assert assembly.count("prod/hf-token") == assembly.count(reference) >= 1
+    assert assembly.count('"HF_TOKEN"') == assembly.count(f'"HF_TOKEN":"{reference}"') + assembly.count(
+        f'"HF_TOKEN": "{reference}"')

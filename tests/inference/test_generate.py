@@ -11,7 +11,7 @@ from inference.llm import generate
 from tests import fake_lmi
 from tests.fake_lmi import FakeLmi, generated, sagemaker_runtime
 
-VLLM_VERSIONS = ("0.33.0", "0.35.0", "0.36.0")
+VLLM_VERSIONS = ("0.33.0", "0.35.0", "0.36.0-lmi27")
 
 
 @pytest.fixture
@@ -36,7 +36,7 @@ class Terminal(io.StringIO):
 
 def test_text_reaches_the_terminal_as_it_arrives_over_http(capsys):
     terminal = Terminal()
-    with FakeLmi("rolling", version="0.36.0", prefill_s=0.01, token_s=0.002) as server:
+    with FakeLmi("rolling", version="0.36.0-lmi27", prefill_s=0.01, token_s=0.002) as server:
         status = generate.main(["--url", server.url.removesuffix("/invocations"), "--max-new-tokens", "5",
                                 "Tell", "me"], out=terminal)
         payload = server.payloads[0]
@@ -83,7 +83,7 @@ def test_engine_failure_after_the_200_exits_1_with_djls_message(fake_aws, capsys
 
 def test_chat_form_streams_chat_completion_chunks(fake_aws, capsys):
     terminal = Terminal()
-    with FakeLmi("rolling", version="0.36.0", merge=2, token_s=0.002) as server:
+    with FakeLmi("rolling", version="0.36.0-lmi27", merge=2, token_s=0.002) as server:
         status = generate.main(["--endpoint", "e", "--chat", "--max-new-tokens", "4", "hi"],
                                runtime_client=sagemaker_runtime(server, seed=4), out=terminal)
         whole = generate.main(["--url", server.url, "--chat", "--no-stream", "--max-new-tokens", "3", "hi"],
@@ -99,7 +99,7 @@ def test_failures_exit_1_with_the_reason(fake_aws, capsys):
         server.fail_next(1, error="CUDA out of memory")
         assert generate.main(["--url", server.url, "x"], out=io.StringIO()) == 1
         assert "HTTP 424: prediction failure: CUDA out of memory" in capsys.readouterr().err
-    with FakeLmi("rolling", version="0.36.0", token_s=0.002) as server:
+    with FakeLmi("rolling", version="0.36.0-lmi27", token_s=0.002) as server:
         runtime = sagemaker_runtime(server, stream_errors=["ModelInvocationTimeExceeded"])
         assert generate.main(["--endpoint", "e", "--max-new-tokens", "9", "x"], runtime_client=runtime,
                              out=io.StringIO()) == 1

@@ -24,7 +24,7 @@ from inference.llm.stream import (
 from tests import fake_lmi
 from tests.fake_lmi import FakeLmi, botocore_events, generated, sagemaker_runtime
 
-VLLM_VERSIONS = ("0.33.0", "0.35.0", "0.36.0")
+VLLM_VERSIONS = ("0.33.0", "0.35.0", "0.36.0-lmi27")
 SEEDS = range(12)
 
 
@@ -184,7 +184,7 @@ def test_payload_forms():
 # --- the load test over these answers -------------------------------------------------------------------------
 
 def test_streamed_http_run_counts_tokens_not_lines_under_merging(tmp_path, capsys):
-    with FakeLmi("rolling", version="0.36.0", merge=2, max_rolling=8, prefill_s=0.02, token_s=0.004) as server:
+    with FakeLmi("rolling", version="0.36.0-lmi27", merge=2, max_rolling=8, prefill_s=0.02, token_s=0.004) as server:
         status = loadtest.main(["--url", server.url, "--stream", "--shape", "8x12", "--concurrency", "1,4",
                                 "--requests", "8", "--warmup", "1", "--out", str(tmp_path), "--no-progress"])
         batches = list(server.batches)
@@ -252,7 +252,7 @@ def test_sagemaker_response_stream_through_botocores_own_event_stream_parser(fak
 
 
 def test_chat_form_through_the_load_test(fake_aws):
-    with FakeLmi("rolling", version="0.36.0", merge=2, token_s=0.001) as server:
+    with FakeLmi("rolling", version="0.36.0-lmi27", merge=2, token_s=0.001) as server:
         target = loadtest.SageMakerTarget("llm", client=sagemaker_runtime(server, seed=3), stream=True)
         workload = loadtest.llm_workload(8, 6, loadtest.WordCounter(), stream=True, chat=True)
         step = loadtest.run_step(target, workload, concurrency=2, requests=4, warmup=0)
