@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -471,3 +473,12 @@ def test_new_settings_parse_from_the_command_line_and_cdk_json():
                                 ("falcon.lmi_version", "0.36.0", "0.36.0-lmi27 \\(the image 0.36.0 deployed before")):
         with pytest.raises(SettingsError, match=allowed):
             load_settings("dev", {key: value})
+
+
+def test_the_issues_command_runs_under_the_former_module_name():
+    """`python -m inference.lmi sizing --model-config ...` (issue 22) runs the CLI, which moved to inference.llm."""
+    done = subprocess.run([sys.executable, "-m", "inference.lmi", "sizing", "--model-config",
+                           str(CONFIGS / "mistral.json")], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert f"(architecture of {CONFIGS / 'mistral.json'})" in done.stdout
