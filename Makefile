@@ -18,7 +18,7 @@ export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
-.PHONY: install-infra test-infra image-venv image serve-local-dlc
+.PHONY: install-infra test-infra settings settings-schema test-tools image-venv image serve-local-dlc
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -58,17 +58,31 @@ synth-pipeline: install  ## synthesize the delivery pipeline (dev -> staging -> 
 	npx cdk synth --quiet --no-notices -c pipeline.enabled=true $(CDK_ARGS) mlrecipes-pipeline
 	$(PY) -m stacks.summary cdk.out
 
-test: install-dev  ## lint, then the whole test suite
+settings: $(VENV)/.runtime  ## every setting of ENV: value, source, type, allowed values (CDK_ARGS="-c key=value ...")
+	$(PY) -m settings --env $(ENV) $(CDK_ARGS)
+
+settings-schema: $(VENV)/.runtime  ## regenerate settings/cdk-context.schema.json after changing a setting
+	$(PY) -m settings.schema --write
+
+# zip and unzip: the run-script tests build the training code archive with them (tests/test_training_user_data.py).
+# Installed from Debian when missing, like Java below; under CI=true a test whose tool is missing fails, never skips.
+test-tools:
+	command -v zip >/dev/null && command -v unzip >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends zip unzip; }
+
+test: install-dev test-tools  ## lint, then the whole test suite
 	$(PY) -m ruff check .
 	REQUIRE_SERVING_STACK=1 $(PY) -m pytest
 
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
-INFRA_TESTS := tests/test_settings.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
+INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_settings_cli.py \
+  tests/test_settings_declarations.py tests/test_foundation_stacks.py tests/test_operations_stack.py \
   tests/test_sentiment_stack.py tests/test_training_stack.py tests/test_falcon_stack.py tests/test_lmi.py \
   tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas \
-  tests/test_lmi_conformance.py tests/test_sagemaker_pipeline_stack.py tests/test_serving_wheels.py \
-  tests/test_training_user_data.py
-test-infra: install-infra  ## lint, then the infrastructure tests only (the pipeline runs these before synth)
+  tests/test_lmi_conformance.py tests/test_lmi_vllm.py tests/test_sagemaker_pipeline_stack.py \
+  tests/test_serving_wheels.py \
+  tests/test_training_user_data.py tests/test_upgrade.py tests/test_test_quality.py
+test-infra: install-infra test-tools  ## lint, then the infrastructure tests only (the pipeline runs these before synth)
 	$(PY) -m ruff check .
 	$(PY) -m pytest $(INFRA_TESTS)
 
@@ -98,6 +112,7 @@ PORT ?= 8080
 serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) with our server
 	$(IMAGE_VENV)/bin/python -m inference.sentiment.server serve --model-dir $(MODEL) --host 127.0.0.1 --port $(PORT) $(ARGS)
 
+# SIGTERM or Ctrl-C stops the stack cleanly (see README "Stopping"); GNU make then reports the signal and dies of it.
 serve-local-dlc: install-dev  ## the same on TorchServe + the SageMaker toolkit (sentiment.runtime=dlc's retired stack)
 	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
 

@@ -44,17 +44,12 @@ def log_retention(days: int) -> logs.RetentionDays:
     return by_days[days]
 
 
-def endpoint_log_group(scope: Construct, endpoint_name: str, *, key, retention_days: int) -> logs.LogGroup:
-    """The log group SageMaker writes an endpoint's container logs to, owned by the stack: retention and key.
+def endpoint_log_group(scope: Construct, endpoint_name: str, *, key, retention_days: int):
+    """The endpoint's log group, created or adopted by a retained custom resource (stacks/endpoint_logs.py).
 
-    Left to SageMaker it would be created on first write, kept forever and unencrypted by our key. The name is
-    fixed by SageMaker (/aws/sagemaker/Endpoints/<endpoint name>), and the endpoint names are fixed too. An
-    environment deployed before this group existed already has it: delete (or `cdk import`) it first (README).
+    Kept here so the stacks' call sites stay as they are; imported late because stacks.endpoint_logs uses this
+    module's log_retention.
     """
-    return logs.LogGroup(
-        scope, "EndpointLogs",
-        log_group_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
-        encryption_key=key,
-        retention=log_retention(retention_days),
-        removal_policy=cdk.RemovalPolicy.DESTROY,
-    )
+    from stacks.endpoint_logs import endpoint_log_group as adopting_log_group
+
+    return adopting_log_group(scope, endpoint_name, key=key, retention_days=retention_days)

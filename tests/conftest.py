@@ -40,6 +40,10 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "prod-sentiment-dlc": ("prod", {"sentiment.enabled": "true", "sentiment.runtime": "dlc",
                                     "sentiment.model_data_url":
                                         "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"}),
+    # prod with every workload on: the upgrade test's configuration (tests/upgrade_baseline/refresh.py CONTEXT).
+    "prod-all-on": ("prod", {"training.enabled": "true", "sentiment.enabled": "true",
+                             "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz",
+                             "falcon.enabled": "true", "falcon.model_s3_uri": "s3://models-bucket/falcon-40b/"}),
     "prod-training-run2": ("prod", {"training.enabled": "true", "training.run_id": "run-0002"}),
     # The done-when of issue 16: two spot instances from a SageMaker Pipeline.
     "dev-sagemaker": ("dev", {"training.backend": "sagemaker", "training.instance_count": "2",
@@ -108,3 +112,19 @@ def synthesized(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
+    """Mark tests that need a tool: skipped with `missing` as the reason on a desk without it, failed under
+    CI=true, so a machine that lost a tool cannot turn tests into skips unnoticed (`make test` installs them)."""
+    if available:
+        return pytest.mark.usefixtures()
+    if os.environ.get("CI", "").lower() == "true":
+        return pytest.mark.missing_prerequisite(missing)
+    return pytest.mark.skip(reason=missing)
+
+
+def pytest_runtest_setup(item):
+    marker = item.get_closest_marker("missing_prerequisite")
+    if marker is not None:
+        pytest.fail(f"CI=true and a prerequisite is missing: {marker.args[0]}", pytrace=False)

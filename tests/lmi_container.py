@@ -4,14 +4,15 @@ Written from DJL Serving's own source (github.com/deepjavalibrary/djl-serving), 
 names the file and branch it encodes. tests/test_lmi_conformance.py runs every configuration inference.llm.lmi renders
 through `start()` and compares what the container would do with what the settings and the README promise.
 
-Branches read: 0.23.0-dlc (the recipe's 0.23.0 image), 0.33.0-dlc, 0.35.0-dlc, 0.36.0-lmi27-dlc. Only the steps
-that decide which model loads, on which engine, with which backend, paging and sharding are encoded; what happens
-inside lmi-dist (closed source) and vLLM is not.
+Branches read: BRANCHES below, with the commit each was read at (so a later re-read shows drift). Only the steps
+that decide which model loads, on which engine, with which backend, paging and sharding, and which arguments reach
+vLLM, are encoded; what happens inside lmi-dist (closed source) and vLLM is not (vLLM's own start-up checks are
+inference.llm.lmi.vllm.start_checks, from vLLM's source). LMI 0.36.0-lmi28 and 0.38.0-lmi29 have no public branch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 MODEL_STORE = "/opt/ml/model"
@@ -28,7 +29,17 @@ LMI_DIST_ADV_MODEL_023 = {"RWForCausalLM", "GPTNeoXForCausalLM", "T5ForCondition
 # wlm/.../LmiConfigRecommender.java (0.33+): architectures counted as text generation.
 TEXT_GENERATION_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
-VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0")
+# Version -> (DJL Serving branch, commit read). Every rule below names the branch it comes from.
+BRANCHES = {
+    "0.23.0": ("0.23.0-dlc", "07673c54097d8a51bf6e526d3268b7d19e8b5425"),
+    "0.33.0": ("0.33.0-dlc", "8b3b685b65f0ba1d89ce471c0f1cefc09dc36da2"),
+    "0.35.0": ("0.35.0-dlc", "637866135ee775bc1533808e843d7c32c8a2c179"),
+    "0.36.0-lmi27": ("0.36.0-lmi27-dlc", "7e13b081383bd46293d4b49ab214d4757b1effd5"),
+}
+VERSIONS = tuple(BRANCHES)
+# The vLLM each branch installs (serving/docker/lmi-container-requirements.txt; 0.35: AWS's release data, see
+# inference/llm/lmi/versions.py), whose EngineArgs decide which options DJL passes on.
+BRANCH_VLLM = {"0.33.0": "0.8.4", "0.35.0": "0.11.1", "0.36.0-lmi27": "0.23.0"}
 
 
 class StartupError(Exception):
@@ -50,6 +61,18 @@ class LoadedModel:
     revision: str | None
     batch_size: int
     options: dict[str, str] = field(default_factory=dict)  # what the Python handler receives
+    version: str = ""
+
+    def answer(self, requests_in_batch: int) -> tuple[int, str]:
+        """(status, body) of a request that DJL hands to the handler in a batch of this many.
+
+        0.33.0-dlc+ lmi_vllm/vllm_async_service.py preprocess_request: `assert len(batch) == 1, "only one request
+        per batch allowed"`, caught in inference() and answered with create_non_stream_output(error="Input parsing
+        failed: ...", code=424). The server starts healthy; requests fail whenever the batcher groups them.
+        """
+        if self.backend == "vllm-async" and requests_in_batch > 1:
+            return 424, "Input parsing failed: only one request per batch allowed"
+        return 200, "generated text"
 
 
 @dataclass
@@ -232,7 +255,7 @@ def _load(version: str, env: Mapping[str, str], files: Mapping[str, str], url: s
     weights = options.get("model_id") or (MODEL_STORE if url == MODEL_STORE else url)
     model = LoadedModel(url=url, engine=engine, mpi=mpi, entry_point=entry_point, backend="pipeline",
                         paged_attention=False, device_map=None, weights=weights,
-                        revision=options.get("revision"), batch_size=batch_size, options=options)
+                        revision=options.get("revision"), batch_size=batch_size, options=options, version=version)
     if entry_point == "djl_python.lmi_vllm.vllm_async_service":
         _vllm_async(version, model)
     elif version == "0.23.0":
@@ -333,31 +356,52 @@ def _huggingface_033(version: str, model: LoadedModel, tp: int) -> None:
 
 def _vllm_async(version: str, model: LoadedModel) -> None:
     """engines/python/setup/djl_python/lmi_vllm/vllm_async_service.py (0.33.0-dlc+): vLLM's AsyncLLMEngine with
-    VllmRbProperties; preprocess_request asserts one request per batch, so dynamic batching cannot run there.
+    VllmRbProperties. It starts whatever batch_size says; a batch of more than one fails per request (answer()).
     """
-    if model.batch_size > 1:
-        raise StartupError("vllm_async_service takes one request per batch (batch_size > 1)")
     model.backend = "vllm-async"
     model.paged_attention = True
 
 
-def vllm_engine_arguments(model: LoadedModel) -> dict[str, str]:
-    """properties_manager/vllm_rb_properties.py (0.33.0-dlc+): the DJL names vLLM gets, and the pass-through keys.
+# VllmRbProperties and its Properties base (properties_manager/vllm_rb_properties.py, properties.py): options that
+# are DJL fields, not pass-through extras, even where vLLM has an argument of the same name.
+DJL_FIELDS = {"model_id", "revision", "trust_remote_code", "dtype", "tensor_parallel_degree",
+              "pipeline_parallel_degree", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "quantize",
+              "cpu_offload_gb_per_gpu", "max_loras", "enable_lora", "task", "device", "rolling_batch", "engine"}
 
-    tensor_parallel_degree -> tensor_parallel_size, max_rolling_batch_size -> max_num_seqs,
-    max_rolling_batch_prefill_tokens -> max_num_batched_tokens, dtype through DTYPE_MAPPER; extra keys that are
-    vLLM EngineArgs (max_model_len, gpu_memory_utilization, enable_chunked_prefill) pass through as given.
+
+def vllm_engine_arguments(model: LoadedModel, engine_args: Collection[str],
+                          store_boolean: Collection[str] = ()) -> dict[str, str]:
+    """What vLLM's parser receives, as {name: value} (properties_manager/vllm_rb_properties.py at each branch).
+
+    generate_vllm_engine_arg_dict: tensor_parallel_degree -> tensor_parallel_size, max_rolling_batch_size ->
+    max_num_seqs, max_rolling_batch_prefill_tokens -> max_num_batched_tokens, dtype through DTYPE_MAPPER, plus DJL's
+    own defaults (0.33.0-dlc also use_v2_block_manager and device; 0.36.0-lmi27-dlc also runner and convert).
+    get_additional_vllm_engine_args: every other option that is a vLLM EngineArgs field (engine_args: the names of
+    the branch's vLLM, BRANCH_VLLM) passes through; other names are dropped. construct_vllm_args_list: a value
+    "false" becomes `--no-x` (0.36.0-lmi27-dlc), `--x=false` for vLLM's StoreBoolean flags (0.33.0-dlc,
+    store_boolean), and nothing otherwise (0.33.0-dlc's other flags, 0.35.0-dlc).
     """
-    dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+    dtype = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "auto": "auto"}
     options = model.options
     arguments = {"model": model.weights, "tensor_parallel_size": options.get("tensor_parallel_degree", "1"),
-                 "max_num_seqs": options.get("max_rolling_batch_size", "32"),
-                 "dtype": dtype.get(options.get("dtype", "auto"), "auto")}
-    if "max_rolling_batch_prefill_tokens" in options:
-        arguments["max_num_batched_tokens"] = options["max_rolling_batch_prefill_tokens"]
+                 "pipeline_parallel_size": "1", "max_num_seqs": options.get("max_rolling_batch_size", "32"),
+                 "dtype": dtype[options.get("dtype", "auto")], "max_loras": "4", "enable_lora": "false",
+                 "trust_remote_code": options.get("trust_remote_code", "false"), "cpu_offload_gb": "0.0",
+                 "quantization": "None"}
     if model.revision:
         arguments["revision"] = model.revision
-    for key in ("max_model_len", "gpu_memory_utilization", "enable_chunked_prefill"):
-        if key in options:
-            arguments[key] = options[key]
+    if model.version == "0.33.0":
+        arguments.update({"use_v2_block_manager": "true", "device": "auto"})
+    if model.version == "0.36.0-lmi27":
+        arguments.update({"runner": "auto", "convert": "auto"})
+    if "max_rolling_batch_prefill_tokens" in options:
+        arguments["max_num_batched_tokens"] = options["max_rolling_batch_prefill_tokens"]
+    arguments.update({k: v for k, v in options.items() if k in engine_args and k not in DJL_FIELDS})
+    for name, value in list(arguments.items()):
+        if value.lower() != "false":
+            continue
+        if model.version == "0.33.0" and name in store_boolean:
+            continue  # `--name=false`
+        if model.version in ("0.33.0", "0.35.0"):
+            del arguments[name]  # a false flag never reaches vLLM
     return arguments

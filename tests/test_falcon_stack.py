@@ -10,7 +10,6 @@ import sys
 import pytest
 from aws_cdk.assertions import Match
 
-from inference.llm import lmi
 from settings import SettingsError, load_settings
 from tests.conftest import REPO_ROOT, read_templates, synthesize
 
@@ -41,15 +40,22 @@ def policy_statements(template) -> dict[str, dict]:
     return {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
 
 
-def test_model_gets_the_rendered_configuration_as_environment(hub):
+def test_model_gets_the_default_configuration_as_environment(hub):
+    """LMI 0.36.0-lmi27, the default (vLLM only, engine Python), continuous batching with paging, the recipe's TP 8
+    fp16, batch 32 and prefill 1024; vLLM's context = input + output tokens (FACTS: LMI configuration, 0.33+)."""
     template = hub.template("falcon")
-    expected = lmi.to_environment(load_settings("prod", HUB).falcon)
     container = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]
-    assert container["Environment"] == expected
+    assert container["Environment"] == {
+        "OPTION_ENGINE": "Python", "HF_MODEL_ID": "tiiuae/falcon-40b", "OPTION_TENSOR_PARALLEL_DEGREE": "8",
+        "OPTION_DTYPE": "fp16", "OPTION_TRUST_REMOTE_CODE": "false", "OPTION_MODEL_LOADING_TIMEOUT": "1800",
+        "OPTION_ENTRYPOINT": "djl_python.lmi_vllm.vllm_async_service", "OPTION_ASYNC_MODE": "true",
+        "OPTION_ROLLING_BATCH": "vllm", "OPTION_MAX_ROLLING_BATCH_SIZE": "32",
+        "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": "1024", "OPTION_MAX_MODEL_LEN": "1280",
+        "OPTION_GPU_MEMORY_UTILIZATION": "0.9", "OPTION_ENABLE_CHUNKED_PREFILL": "true"}
     # The container registers the hub model from HF_MODEL_ID and serves it with vLLM's async service.
     assert container["Environment"]["HF_MODEL_ID"] == "tiiuae/falcon-40b"
     assert container["Environment"]["OPTION_ENTRYPOINT"] == "djl_python.lmi_vllm.vllm_async_service"
-    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.33.0-lmi15.0.0-cu128"
+    assert container["Image"] == "763104351884.dkr.ecr.us-west-2.amazonaws.com/djl-inference:0.36.0-lmi27.0.0-cu130"
     assert "ModelDataSource" not in container
 
 
@@ -62,9 +68,21 @@ def test_model_runs_in_the_private_subnets_and_downloads_from_the_hub(hub):
     assert group["Fn::GetAtt"][1] == "GroupId"
 
 
+def test_only_hub_mode_runs_without_network_isolation_and_says_why(hub, from_s3):
+    """checkov CKV_AWS_370 (SageMaker model without network isolation) is acknowledged in hub mode only, with the
+    production path in its reason; from S3 the model is isolated and needs no acknowledgement."""
+    (hub_model,) = hub.template("falcon").find_resources("AWS::SageMaker::Model").values()
+    (skip,) = hub_model["Metadata"]["checkov"]["skip"]
+    assert skip["id"] == "CKV_AWS_370" and "inference.llm.lmi stage" in skip["comment"]
+    (s3_model,) = from_s3.template("falcon").find_resources("AWS::SageMaker::Model").values()
+    assert s3_model["Properties"]["EnableNetworkIsolation"] is True
+    assert "checkov" not in s3_model.get("Metadata", {})
+
+
 def test_model_waits_for_the_role_policy_that_lets_it_pull(hub):
     template = hub.template("falcon")
-    (policy_id,) = template.find_resources("AWS::IAM::Policy")
+    (policy_id,) = [key for key, policy in template.find_resources("AWS::IAM::Policy").items()
+                    if "ExecutionRole" in json.dumps(policy["Properties"]["Roles"])]
     (model,) = template.find_resources("AWS::SageMaker::Model").values()
     assert model["DependsOn"] == [policy_id]
 
@@ -83,7 +101,7 @@ def test_only_the_endpoint_has_a_physical_name(hub):
     assert "ModelName" not in only(template, "AWS::SageMaker::Model")
     assert "EndpointConfigName" not in only(template, "AWS::SageMaker::EndpointConfig")
     assert only(template, "AWS::SageMaker::Endpoint")["EndpointName"] == "prod-falcon"
-    assert "RoleName" not in only(template, "AWS::IAM::Role")
+    assert not [role for role in template.find_resources("AWS::IAM::Role").values() if "RoleName" in role["Properties"]]
 
 
 def test_endpoint_config_sets_instance_and_timeouts_and_no_key_on_nvme(hub):
@@ -116,7 +134,8 @@ def test_no_autoscaling_when_min_equals_max(hub):
 
 def test_role_pulls_the_lmi_image_and_writes_its_own_logs_only(hub):
     template = hub.template("falcon")
-    role = only(template, "AWS::IAM::Role")
+    (role,) = [role["Properties"] for key, role in template.find_resources("AWS::IAM::Role").items()
+               if key.startswith("ExecutionRole")]
     assert role["AssumeRolePolicyDocument"]["Statement"] == [
         {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}]
     assert "ManagedPolicyArns" not in role
@@ -130,7 +149,9 @@ def test_role_pulls_the_lmi_image_and_writes_its_own_logs_only(hub):
 
 def test_outputs_name_the_endpoint_an_invoke_command_and_the_log_group(hub):
     template = hub.template("falcon")
-    template.has_output("EndpointName", {})
+    (endpoint_id,) = template.find_resources("AWS::SageMaker::Endpoint")
+    assert template.to_json()["Outputs"]["EndpointName"]["Value"] == {"Fn::GetAtt": [endpoint_id, "EndpointName"]}
+    assert only(template, "AWS::SageMaker::Endpoint")["EndpointName"] == "prod-falcon"
     template.has_output("InvokeCommand", {"Value": Match.string_like_regexp(
         "invoke-endpoint .*--endpoint-name prod-falcon .*max_new_tokens")})
     template.has_output("LogGroupName", {"Value": "/aws/sagemaker/Endpoints/prod-falcon"})
@@ -222,11 +243,36 @@ def test_app_exits_1_with_one_line_for_a_combination_that_cannot_run(tmp_path):
     assert not (tmp_path / "manifest.json").exists()
 
 
+# The recipe's table (FACTS: "Recipe 2"), written out: common keys, then each stage's batching keys, as the
+# container reads them from the environment. LMI 0.23 takes MPI from OPTION_MPI_MODE and reads rolling batch keys;
+# `auto` would not pick lmi-dist for FalconForCausalLM there, so lmi-dist is named (FACTS: LMI configuration).
+RECIPE_COMMON = {"HF_MODEL_ID": "tiiuae/falcon-40b", "OPTION_TENSOR_PARALLEL_DEGREE": "8", "OPTION_DTYPE": "fp16",
+                 "OPTION_TRUST_REMOTE_CODE": "true", "OPTION_MODEL_LOADING_TIMEOUT": "1800"}
+RECIPE_ROLLING = {"OPTION_MPI_MODE": "true", "OPTION_ROLLING_BATCH": "lmi-dist", "OPTION_MAX_ROLLING_BATCH_SIZE": "32",
+                  "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": "1024"}
+EXPECTED_ENVIRONMENTS = {
+    "v0230-dynamic": {**RECIPE_COMMON, "OPTION_DEVICE_MAP": "auto", "SERVING_BATCH_SIZE": "4",
+                      "SERVING_MAX_BATCH_DELAY": "100"},
+    "v0230-rolling": {**RECIPE_COMMON, **RECIPE_ROLLING, "OPTION_PAGED_ATTENTION": "false"},
+    "v0230-rolling-paged": {**RECIPE_COMMON, **RECIPE_ROLLING, "OPTION_PAGED_ATTENTION": "true"},
+    # 0.33: engine Python, the HF handler with dynamic batching (rolling batch off, layers placed by accelerate) ...
+    "v0330-dynamic": {"OPTION_ENGINE": "Python", **RECIPE_COMMON, "OPTION_TRUST_REMOTE_CODE": "false",
+                      "OPTION_ENTRYPOINT": "djl_python.huggingface", "OPTION_ROLLING_BATCH": "disable",
+                      "OPTION_DEVICE_MAP": "auto", "SERVING_BATCH_SIZE": "4", "SERVING_MAX_BATCH_DELAY": "100"},
+    # ... or vLLM, which pages always (lmi-dist requests are rewritten to vllm from lmi15).
+    "v0330-rolling-paged": {"OPTION_ENGINE": "Python", **RECIPE_COMMON, "OPTION_TRUST_REMOTE_CODE": "false",
+                            "OPTION_ENTRYPOINT": "djl_python.lmi_vllm.vllm_async_service", "OPTION_ASYNC_MODE": "true",
+                            "OPTION_ROLLING_BATCH": "vllm", "OPTION_MAX_ROLLING_BATCH_SIZE": "32",
+                            "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": "1024", "OPTION_MAX_MODEL_LEN": "1280",
+                            "OPTION_GPU_MEMORY_UTILIZATION": "0.9", "OPTION_ENABLE_CHUNKED_PREFILL": "true"},
+}
+
+
 @pytest.mark.slow
 def test_the_recipes_three_configurations_synthesize_on_its_container_and_the_default_one(tmp_path):
     """dynamic (TP 8, batch 4, delay 100), rolling lmi-dist, rolling + PagedAttention; fp16, prefill 1024, batch
     32 on LMI 0.23.0, and dynamic / rolling_paged on the default container (which has no unpaged rolling batch).
-    One app, one stage per configuration, cdk-nag on."""
+    One app, one stage per configuration, cdk-nag on; each model's environment is the literal one above."""
     import aws_cdk as cdk
 
     from stacks.environment import build_environment, new_app
@@ -235,16 +281,14 @@ def test_the_recipes_three_configurations_synthesize_on_its_container_and_the_de
     configurations = [("0.23.0", "dynamic"), ("0.23.0", "rolling"), ("0.23.0", "rolling_paged"),
                       ("0.33.0", "dynamic"), ("0.33.0", "rolling_paged")]
     app = new_app(outdir=str(tmp_path))
-    expected = {}
     for version, batching in configurations:
         settings = load_settings("prod", {**HUB, "falcon.lmi_version": version, "falcon.batching": batching})
         stage = cdk.Stage(app, f"v{version.replace('.', '')}-{batching.replace('_', '-')}")
         build_environment(stage, settings)
-        expected[stage.stage_name] = lmi.to_environment(settings.falcon)
     add_checks(app)
     app.synth()
     templates = read_templates(tmp_path)
-    for stage_name, environment in expected.items():
+    for stage_name, environment in EXPECTED_ENVIRONMENTS.items():
         (template,) = [t for name, t in templates.items() if name.startswith(stage_name + "/") and "falcon" in name]
         (model,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Model"]
         assert model["Properties"]["PrimaryContainer"]["Environment"] == environment, stage_name
@@ -255,3 +299,27 @@ def test_an_autoscaled_endpoint_keeps_its_instance_count_across_updates(hub, fro
     assert only(from_s3.template("falcon"), "AWS::SageMaker::Endpoint")["RetainAllVariantProperties"] is True
     # One fixed instance: nothing to keep, and a smaller fleet than configured never survives an update.
     assert "RetainAllVariantProperties" not in only(hub.template("falcon"), "AWS::SageMaker::Endpoint")
+
+
+def test_a_gated_models_token_is_a_deploy_time_reference_never_a_value(tmp_path):
+    """falcon.hf_token_secret: HF_TOKEN is a Secrets Manager dynamic reference, resolved by CloudFormation when it
+    creates the model; the synthesized assembly holds the secret's name only, in that one place."""
+    overrides = {**HUB, "falcon.hf_token_secret": "prod/hf-token", "falcon.model_id": "Qwen/Qwen3-8B",
+                 "falcon.dtype": "bf16"}
+    app = synthesize(tmp_path, "prod", overrides)
+    template = app.template("falcon")
+    environment = only(template, "AWS::SageMaker::Model")["PrimaryContainer"]["Environment"]
+    assert environment == {
+        "HF_TOKEN": "{{resolve:secretsmanager:prod/hf-token:SecretString:::}}",
+        "OPTION_ENGINE": "Python", "HF_MODEL_ID": "Qwen/Qwen3-8B", "OPTION_TENSOR_PARALLEL_DEGREE": "8",
+        "OPTION_DTYPE": "bf16", "OPTION_TRUST_REMOTE_CODE": "false", "OPTION_MODEL_LOADING_TIMEOUT": "1800",
+        "OPTION_ENTRYPOINT": "djl_python.lmi_vllm.vllm_async_service", "OPTION_ASYNC_MODE": "true",
+        "OPTION_ROLLING_BATCH": "vllm", "OPTION_MAX_ROLLING_BATCH_SIZE": "32",
+        "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": "1024", "OPTION_MAX_MODEL_LEN": "1280",
+        "OPTION_GPU_MEMORY_UTILIZATION": "0.9", "OPTION_ENABLE_CHUNKED_PREFILL": "true"}
+    # Everywhere in the assembly (templates, tree.json, manifests) the secret appears only as that reference.
+    assembly = "".join(path.read_text(errors="replace") for path in tmp_path.rglob("*") if path.is_file())
+    reference = "{{resolve:secretsmanager:prod/hf-token:SecretString:::}}"
+    assert assembly.count("prod/hf-token") == assembly.count(reference) >= 1
+    assert assembly.count('"HF_TOKEN"') == assembly.count(f'"HF_TOKEN":"{reference}"') + assembly.count(
+        f'"HF_TOKEN": "{reference}"')

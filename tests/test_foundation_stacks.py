@@ -67,10 +67,23 @@ def test_both_buckets_refuse_plain_http(synthesized):
                    for s in statements)
 
 
-def test_artifact_outputs(synthesized):
+def _only_id(template, kind: str, **properties) -> str:
+    """The logical id of the one resource of `kind` whose properties include `properties` (by key presence)."""
+    (logical_id,) = [key for key, resource in template.find_resources(kind).items()
+                     if all((name in resource["Properties"]) == present for name, present in properties.items())]
+    return logical_id
+
+
+def test_artifact_outputs_point_at_the_artifact_bucket_and_its_key(synthesized):
     template = synthesized("dev").template("artifacts")
-    template.has_output("ArtifactBucketName", {})
-    template.has_output("KeyArn", {})
+    outputs = template.to_json()["Outputs"]
+    artifacts = _only_id(template, "AWS::S3::Bucket", LoggingConfiguration=True)  # the access-log bucket has none
+    access_logs = _only_id(template, "AWS::S3::Bucket", LoggingConfiguration=False)
+    key = _only_id(template, "AWS::KMS::Key")
+    assert outputs["ArtifactBucketName"]["Value"] == {"Ref": artifacts}
+    assert outputs["ArtifactBucketArn"]["Value"] == {"Fn::GetAtt": [artifacts, "Arn"]}
+    assert outputs["AccessLogBucketName"]["Value"] == {"Ref": access_logs}
+    assert outputs["KeyArn"]["Value"] == {"Fn::GetAtt": [key, "Arn"]}
 
 
 def test_vpc_spans_two_zones_with_private_subnets(synthesized):
@@ -155,10 +168,13 @@ def test_every_resource_is_tagged_with_project_and_environment(synthesized):
         "Tags": Match.array_with([{"Key": "environment", "Value": "prod"}])})
 
 
-def test_network_outputs(synthesized):
+def test_network_outputs_point_at_the_vpc_and_the_group_its_flow_log_writes(synthesized):
     template = synthesized("dev").template("network")
-    template.has_output("VpcId", {})
-    template.has_output("FlowLogGroupName", {})
+    outputs = template.to_json()["Outputs"]
+    assert outputs["VpcId"]["Value"] == {"Ref": _only_id(template, "AWS::EC2::VPC")}
+    (flow_log,) = template.find_resources("AWS::EC2::FlowLog").values()
+    assert flow_log["Properties"]["LogGroupName"] == outputs["FlowLogGroupName"]["Value"]
+    assert outputs["FlowLogGroupName"]["Value"] == {"Ref": _only_id(template, "AWS::Logs::LogGroup")}
 
 
 def test_cdk_nag_is_active_and_fails_an_insecure_stack(tmp_path):

@@ -12,14 +12,12 @@ import re
 import pytest
 
 from settings import SettingsError, load_settings
-from stacks.sentiment import MAX_EXECUTION_TIMEOUT_RANGE_S, PROVISIONING_ALLOWANCE_S, blue_green_policy
+from stacks.sentiment import blue_green_policy
+from tests import botocore_rules
 from tests.conftest import synthesize
 
 MODEL = {"sentiment.enabled": "true",
          "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"}
-# Every workload on, Falcon reading its weights from S3 (through the gateway endpoint).
-ALL_ON = {"training.enabled": "true", **MODEL, "falcon.enabled": "true",
-          "falcon.model_s3_uri": "s3://models-bucket/falcon-40b/"}
 TYPE_A, TYPE_B = "ml.c7g.4xlarge", "ml.c7g.2xlarge"
 # The documented way to change an autoscaled endpoint's instance type (README, "Updating"), in prod (min 2, max 4).
 INSTANCE_TYPE_PATH = {
@@ -33,11 +31,12 @@ INSTANCE_TYPE_PATH = {
 @pytest.fixture(scope="module")
 def states(tmp_path_factory, synthesized):
     """Synthesized states by name, each built once for this module."""
-    cache = {"workloads off": synthesized("prod"), "one instance, bake 1 min": synthesized("smoke-all")}
+    cache = {"workloads off": synthesized("prod"), "one instance, bake 1 min": synthesized("smoke-all"),
+             "workloads on": synthesized("prod-all-on")}
 
     def get(name: str):
         if name not in cache:
-            overrides = ALL_ON if name == "workloads on" else INSTANCE_TYPE_PATH[name]
+            overrides = INSTANCE_TYPE_PATH[name]
             folder = re.sub(r"[^a-z0-9]+", "-", name)
             cache[name] = synthesize(tmp_path_factory.mktemp(f"lifecycle-{folder}"), "prod", overrides)
         return cache[name]
@@ -173,20 +172,35 @@ def test_updates_keep_the_instance_count_autoscaling_reached(states):
 # --- SageMaker blue/green: timeout beyond the waits, canary at most half the fleet ------------------------------
 
 def check_blue_green(policy: dict, initial_instances: int) -> None:
-    """The rules of BlueGreenUpdatePolicy and TrafficRoutingConfig (SageMaker API reference): the timeout lies in
-    its range and exceeds the wait interval plus the termination wait (here with time to provision the new fleet);
-    a canary is at most 50% of the variant's instances."""
+    """The rules of BlueGreenUpdatePolicy and TrafficRoutingConfig, from the SageMaker API itself: every member's
+    range and enum from botocore's service model (MaximumExecutionTimeoutInSeconds 600-28800, waits 0-3600 in the
+    pinned botocore), the timeout above the wait interval plus the termination wait (the model's documentation of
+    MaximumExecutionTimeoutInSeconds), and a canary of at most 50% of the variant's instances (CanarySize)."""
+    shape = botocore_rules.shape("BlueGreenUpdatePolicy")
+    assert botocore_rules.constraint_errors(policy, shape) == []
+    assert "larger than the total waiting time" in shape.members["MaximumExecutionTimeoutInSeconds"].documentation
     routing = policy["TrafficRoutingConfiguration"]
     waits = routing.get("WaitIntervalInSeconds", 0) + policy.get("TerminationWaitInSeconds", 0)
     timeout = policy["MaximumExecutionTimeoutInSeconds"]
-    low, high = MAX_EXECUTION_TIMEOUT_RANGE_S
-    assert low <= timeout <= high
-    assert timeout >= waits + PROVISIONING_ALLOWANCE_S > waits
-    assert routing.get("WaitIntervalInSeconds", 0) <= 3600 and policy.get("TerminationWaitInSeconds", 0) <= 3600
+    # The new fleet is created and health-checked inside the same timeout: at least 10 minutes for it.
+    assert timeout - waits >= 600, (timeout, waits)
     if routing["Type"] == "CANARY":
         size = routing["CanarySize"]
         canary = size["Value"] if size["Type"] == "INSTANCE_COUNT" else -(-initial_instances * size["Value"] // 100)
         assert canary >= 1 and 2 * canary <= initial_instances, (canary, initial_instances)
+
+
+def test_the_blue_green_check_refuses_what_the_api_refuses():
+    """check_blue_green can fail: a timeout outside botocore's range, one that does not cover the waits."""
+    good = {"MaximumExecutionTimeoutInSeconds": 1920, "TerminationWaitInSeconds": 60,
+            "TrafficRoutingConfiguration": {"Type": "ALL_AT_ONCE", "WaitIntervalInSeconds": 60}}
+    check_blue_green(good, 1)
+    for timeout in (599, 28801, 700):  # below, above the API's range; in range but not beyond waits + 10 min
+        with pytest.raises(AssertionError):
+            check_blue_green({**good, "MaximumExecutionTimeoutInSeconds": timeout,
+                              "TerminationWaitInSeconds": 3600 if timeout == 700 else 60}, 1)
+    with pytest.raises(AssertionError):
+        check_blue_green({**good, "TerminationWaitInSeconds": 3601}, 1)
 
 
 @pytest.mark.parametrize("name", ["one instance, bake 1 min", "A, autoscaled", "B, autoscaled"])
@@ -290,19 +304,44 @@ def test_s3_mode_falcon_may_reach_s3_through_the_gateway_endpoint(states):
     assert rule["DestinationPrefixListId"]["Fn::GetAtt"][1] == "PrefixLists.0.PrefixListId"
 
 
-# --- Endpoint log groups: created by the stacks, with retention and the project key ----------------------------
+# --- Endpoint log groups: created or adopted by the stacks, with retention and the project key ----------------
+
+def endpoint_log_groups(template: dict) -> dict[str, dict]:
+    """The adopting custom resources (stacks/endpoint_logs.py) by logical id."""
+    return {key: r for key, r in template["Resources"].items() if r["Type"] == "Custom::EndpointLogGroup"}
+
 
 def test_endpoint_log_groups_exist_before_the_endpoints_with_retention_and_the_key(states):
+    """SageMaker creates /aws/sagemaker/Endpoints/<name> itself on the first log line, so an AWS::Logs::LogGroup of
+    that name fails with "already exists" wherever an endpoint has logged. No stack declares one; the custom
+    resource creates it only if missing, is retained, and the endpoint waits for it."""
     state = states("workloads on")
     for endpoint_name in ("prod-sentiment", "prod-falcon"):
         template = state.templates[f"mlrecipes-{endpoint_name}"]
-        (log_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::Logs::LogGroup"
-                     and r["Properties"]["LogGroupName"] == f"/aws/sagemaker/Endpoints/{endpoint_name}"]
-        properties = template["Resources"][log_id]["Properties"]
-        assert properties["RetentionInDays"] == 90
-        assert "Fn::ImportValue" in json.dumps(properties["KmsKeyId"])
+        assert not [r for r in resources(template, "AWS::Logs::LogGroup")
+                    if "/aws/sagemaker/Endpoints/" in json.dumps(r["Properties"].get("LogGroupName", ""))]
+        ((log_id, group),) = endpoint_log_groups(template).items()
+        properties = group["Properties"]
+        assert properties["LogGroupName"] == f"/aws/sagemaker/Endpoints/{endpoint_name}"
+        assert properties["RetentionInDays"] == "90"
+        assert "Fn::ImportValue" in json.dumps(properties["KmsKeyArn"])
+        assert group["DeletionPolicy"] == group["UpdateReplacePolicy"] == "Retain"
         (endpoint_resource,) = resources(template, "AWS::SageMaker::Endpoint")
         assert log_id in endpoint_resource["DependsOn"]
+
+
+def test_the_adopting_function_may_touch_only_its_endpoints_log_group(states):
+    template = states("workloads on").templates["mlrecipes-prod-sentiment"]
+    ((_, group),) = endpoint_log_groups(template).items()
+    function_id = group["Properties"]["ServiceToken"]["Fn::GetAtt"][0]
+    role_id = template["Resources"][function_id]["Properties"]["Role"]["Fn::GetAtt"][0]
+    (policy,) = [r for r in resources(template, "AWS::IAM::Policy") if r["Properties"]["Roles"] == [{"Ref": role_id}]]
+    statements = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    manage = statements["ManageEndpointLogGroup"]
+    assert sorted(manage["Action"]) == ["logs:AssociateKmsKey", "logs:CreateLogGroup", "logs:PutRetentionPolicy"]
+    arns = [json.dumps(arn) for arn in manage["Resource"]]
+    assert len(arns) == 2 and all("log-group:/aws/sagemaker/Endpoints/prod-sentiment" in arn for arn in arns)
+    assert sorted(statements) == ["ManageEndpointLogGroup", "WriteOwnLogs"]
 
 
 # --- CDK feature flags: the pinned version's recommendations, each reviewed -----------------------------------
@@ -339,6 +378,6 @@ def test_every_recommended_feature_flag_is_set_and_reviewed():
 
 def test_endpoint_log_retention_follows_the_environment(states):
     template = states("one instance, bake 1 min").templates["mlrecipes-smoke-sentiment"]
-    (group,) = [r["Properties"] for r in resources(template, "AWS::Logs::LogGroup")
-                if r["Properties"].get("LogGroupName") == "/aws/sagemaker/Endpoints/smoke-sentiment"]
-    assert group["RetentionInDays"] == 7
+    ((_, group),) = endpoint_log_groups(template).items()
+    assert group["Properties"]["LogGroupName"] == "/aws/sagemaker/Endpoints/smoke-sentiment"
+    assert group["Properties"]["RetentionInDays"] == "7"

@@ -154,9 +154,10 @@ def refused(rule, settings: FalconSettings, key: str, *fragments: str) -> Settin
 
 def test_timeouts_within_sagemakers_limits():
     lmi.check_timeouts(falcon(download_timeout_s=60, model_loading_timeout_s=3600))
-    refused(lmi.check_timeouts, falcon(download_timeout_s=59), "falcon.download_timeout_s", "60 to 3600")
-    refused(lmi.check_timeouts, falcon(startup_health_check_timeout_s=3601),
-            "falcon.startup_health_check_timeout_s", "60 to 3600")
+    # The settings models refuse values outside SageMaker's limits before any rule runs.
+    for key, value in (("download_timeout_s", 59), ("startup_health_check_timeout_s", 3601)):
+        with pytest.raises(SettingsError, match=rf"falcon.{key}={value}: expected a value from 60 to 3600"):
+            load_settings("dev", {f"falcon.{key}": value})
 
 
 def test_health_check_must_outlast_model_loading():
@@ -176,7 +177,7 @@ def test_dynamic_batching_refuses_rolling_keys_and_rolling_refuses_dynamic_keys(
 
 def test_rolling_without_paging_only_where_the_container_offers_it():
     lmi.check_mode_in_version(falcon(lmi_version="0.23.0", batching="rolling"))
-    for version in ("0.33.0", "0.35.0", "0.36.0"):
+    for version in ("0.33.0", "0.35.0", "0.36.0-lmi27", "0.36.0-lmi28", "0.38.0-lmi29"):
         refused(lmi.check_mode_in_version, falcon(lmi_version=version, batching="rolling"), "falcon.batching",
                 "lmi_version 0.23.0", "rolling_paged", "always pages")
     with pytest.raises(SettingsError):
@@ -377,15 +378,19 @@ def test_image_uris_agree_with_the_sagemaker_sdk():
     Accounts, repository and tag come from the SDK's tables for every pair; `retrieve()` itself (about 80 ms a
     call) checks the URI's form in one region of each partition.
     """
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     from stacks.images import DLC_ACCOUNTS
 
     compared = 0
     for framework in ("djl-lmi", "djl-deepspeed"):
         versions = image_uris.config_for_framework(framework)["versions"]
-        for version in set(versions) & set(lmi.IMAGE_TAGS):
-            sdk = versions[version]
-            assert (sdk["repository"], sdk["tag_prefix"]) == (lmi.REPOSITORY, lmi.IMAGE_TAGS[version])
+        for version, tag in lmi.IMAGE_TAGS.items():
+            release = version.partition("-")[0]  # 0.36.0-lmi27 is the SDK's 0.36.0 today
+            if release not in versions or versions[release]["tag_prefix"] != tag:
+                continue
+            sdk = versions[release]
+            assert sdk["repository"] == lmi.REPOSITORY
             # Our table holds every DLC region; LMI images may not be in all of them, so compare where both know.
             shared = set(DLC_ACCOUNTS) & set(sdk["registries"])
             assert len(shared) >= len(DLC_ACCOUNTS) - 2, sorted(set(DLC_ACCOUNTS) - set(sdk["registries"]))
@@ -393,8 +398,9 @@ def test_image_uris_agree_with_the_sagemaker_sdk():
                 assert lmi.image_uri(region, version).split(".", 1)[0] == sdk["registries"][region], region
                 compared += 1
             for region in ("us-west-2", "eu-central-2", "cn-northwest-1", "us-gov-east-1"):
-                assert lmi.image_uri(region, version) == image_uris.retrieve(framework, region=region, version=version)
-    assert compared >= len(lmi.IMAGE_TAGS) * (len(DLC_ACCOUNTS) - 2)  # every version of ours is in the SDK
+                assert lmi.image_uri(region, version) == image_uris.retrieve(framework, region=region, version=release)
+    # every version of ours but 0.36.0-lmi28 is in the SDK (see the next test)
+    assert compared >= (len(lmi.IMAGE_TAGS) - 1) * (len(DLC_ACCOUNTS) - 2)
 
 
 def test_every_selectable_version_has_an_image_and_rules():
@@ -406,11 +412,15 @@ def test_every_selectable_version_has_an_image_and_rules():
 
 
 def test_every_offered_version_is_in_the_sagemaker_sdks_lmi_tables():
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     tables = {**image_uris.config_for_framework("djl-deepspeed")["versions"],
               **image_uris.config_for_framework("djl-lmi")["versions"]}
-    for version, tag in lmi.IMAGE_TAGS.items():
-        assert tables[version]["tag_prefix"] == tag, version
+    in_sdk = {version for version, tag in lmi.IMAGE_TAGS.items()
+              if tables.get(version.partition("-")[0], {}).get("tag_prefix") == tag}
+    # 0.36.0-lmi28 is published (AWS's available_images data, versions.py) but the SDK's key 0.36.0 names lmi27.
+    assert set(lmi.IMAGE_TAGS) - in_sdk == {"0.36.0-lmi28"}
+    assert tables["0.38.0"]["tag_prefix"] == lmi.IMAGE_TAGS["0.38.0-lmi29"]
 
 
 def test_local_nvme_instance_types():
@@ -423,7 +433,14 @@ def test_local_nvme_instance_types():
 def test_cli_renders_the_environments_properties_file(capsys):
     assert main(["render", "--env", "prod"]) == 0
     out = capsys.readouterr().out
-    assert parse_properties(out) == lmi.render(load_settings("prod").falcon)
+    # prod's defaults: LMI 0.33 (vLLM, engine Python), the recipe's TP 8 fp16, batch 32, prefill 1024.
+    assert parse_properties(out) == {
+        "engine": "Python", "option.model_id": "tiiuae/falcon-40b", "option.tensor_parallel_degree": "8",
+        "option.dtype": "fp16", "option.trust_remote_code": "false", "option.model_loading_timeout": "1800",
+        "option.entryPoint": "djl_python.lmi_vllm.vllm_async_service", "option.async_mode": "true",
+        "option.rolling_batch": "vllm", "option.max_rolling_batch_size": "32",
+        "option.max_rolling_batch_prefill_tokens": "1024", "option.max_model_len": "1280",
+        "option.gpu_memory_utilization": "0.9", "option.enable_chunked_prefill": "true"}
 
 
 def test_cli_renders_environment_variables_with_overrides(capsys):

@@ -15,8 +15,13 @@ import json
 import pytest
 
 from inference.llm import lmi
+from inference.llm.lmi.vllm import start_checks
+from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
 from settings import FalconSettings, SettingsError
+from tests import fake_lmi
 from tests.lmi_container import (
+    BRANCH_VLLM,
+    BRANCHES,
     FALCON_HUB_CONFIG,
     FALCON_RW_CONFIG,
     MODEL_STORE,
@@ -36,21 +41,44 @@ S3_URI = "s3://models-bucket/falcon/"
 
 # The README's table: what serves each mode. mpi: ranks under mpirun (true tensor parallelism in lmi-dist).
 PIPELINE = {"mpi": False, "backend": "pipeline", "paged_attention": False, "device_map": "auto"}
+VLLM_ERA = ("0.33.0", "0.35.0", "0.36.0-lmi27")  # public DJL branches (tests/lmi_container.py BRANCHES)
+# No public DJL source: their renderings go through the nearest public branch, 0.36.0-lmi27 (an assumption the
+# README states; their vLLM arguments are still checked against their own vLLM).
+NOT_PUBLIC = {"0.36.0-lmi28": "0.36.0-lmi27", "0.38.0-lmi29": "0.36.0-lmi27"}
 EXPECTED = {
     ("0.23.0", "dynamic"): PIPELINE,
     ("0.23.0", "rolling"): {"mpi": True, "backend": "lmi-dist", "paged_attention": False},
     ("0.23.0", "rolling_paged"): {"mpi": True, "backend": "lmi-dist", "paged_attention": True},
-    **{(v, "dynamic"): PIPELINE for v in ("0.33.0", "0.35.0", "0.36.0")},
+    **{(v, "dynamic"): PIPELINE for v in (*VLLM_ERA, *NOT_PUBLIC)},
     **{(v, "rolling_paged"): {"mpi": False, "backend": "vllm-async", "paged_attention": True}
-       for v in ("0.33.0", "0.35.0", "0.36.0")},
+       for v in (*VLLM_ERA, *NOT_PUBLIC)},
 }
-REFUSED = {(v, "rolling") for v in ("0.33.0", "0.35.0", "0.36.0")}
+REFUSED = {(v, "rolling") for v in (*VLLM_ERA, *NOT_PUBLIC)}
+# The vLLM whose arguments each image's rendering is checked against: the one it bundles (its release data).
+BUNDLED_VLLM = {"0.33.0": "0.8.4", "0.35.0": "0.11.1", "0.36.0-lmi27": "0.23.0", "0.36.0-lmi28": "0.26.0",
+                "0.38.0-lmi29": "0.28.0"}
 
 
 def test_the_offered_versions_are_the_ones_read():
-    assert set(lmi.VERSIONS) == {"0.23.0", "0.33.0", "0.35.0", "0.36.0"}
+    assert set(lmi.VERSIONS) == {"0.23.0", *VLLM_ERA, *NOT_PUBLIC}
     offered = {(v, m) for v in lmi.VERSIONS for m in ("dynamic", "rolling", "rolling_paged")}
     assert offered == set(EXPECTED) | REFUSED
+    assert {v: lmi.container(v).vllm_rules for v in BUNDLED_VLLM} == BUNDLED_VLLM
+    assert {v for v in lmi.VERSIONS if not lmi.container(v).public_source} == set(NOT_PUBLIC)
+
+
+def test_rules_and_container_model_were_read_at_the_same_commits():
+    """versions.py (the rendering's rules), tests/lmi_container.py (DJL's start-up) and tests/fake_lmi.py (what
+    DJL sends) cite the same branch commits; a re-read at a newer commit must update all three."""
+    assert {v: (lmi.container(v).branch, lmi.container(v).commit) for v in BRANCHES} == BRANCHES
+    # The fake LMI's bytes (tests/fake_lmi.py, what the streaming client is tested on) were read there too.
+    assert fake_lmi.SOURCES == BRANCHES
+    assert {lmi.container(v).commit for v in NOT_PUBLIC} == {BRANCHES["0.36.0-lmi27"][1]}
+
+
+def branch(version: str) -> str:
+    """The DJL branch model a version's rendering runs through."""
+    return NOT_PUBLIC.get(version, version)
 
 
 def configure(base: FalconSettings, version: str, batching: str, source: str) -> FalconSettings:
@@ -83,7 +111,7 @@ def test_the_container_loads_one_model_with_the_promised_engine_backend_paging_a
     falcon = configure(RECIPE if name == "recipe" else SMOKE, version, batching, source)
     lmi.check(falcon)  # passes the synth-time rules
     environment, store = container_inputs(falcon, form)
-    (model,) = start(version, environment, store, HUB).models  # exactly one model registered
+    (model,) = start(branch(version), environment, store, HUB).models  # exactly one model registered
     expected = EXPECTED[(version, batching)]
     assert {key: getattr(model, key) for key in expected} == expected
     assert model.weights == (MODEL_STORE if source == "s3" else falcon.model_id)
@@ -99,7 +127,12 @@ def test_the_container_loads_one_model_with_the_promised_engine_backend_paging_a
         assert model.batch_size == 1
         assert model.options["max_rolling_batch_size"] == str(falcon.max_rolling_batch_size)
     if expected["backend"] == "vllm-async":
-        arguments = vllm_engine_arguments(model)
+        engine_args = VLLM_SOURCES[BUNDLED_VLLM[version]]["engine_args"]
+        arguments = vllm_engine_arguments(model, engine_args, VLLM_SOURCES[BRANCH_VLLM[branch(version)]]
+                                          ["store_boolean"])
+        # every name DJL hands to vLLM is an engine argument of the image's vLLM, and vLLM's checks pass
+        assert [name for name in arguments if name not in engine_args] == []
+        start_checks(BUNDLED_VLLM[version], arguments, lmi.architecture(falcon))
         max_model_len = falcon.max_input_tokens + falcon.max_new_tokens
         assert arguments["max_model_len"] == str(max_model_len)
         assert arguments["tensor_parallel_size"] == str(falcon.tensor_parallel_degree)
@@ -177,20 +210,32 @@ def test_dynamic_batching_without_device_map_loads_on_one_gpu_from_033():
 
 
 def test_dynamic_batching_needs_its_entry_point_from_033():
-    """0.33.0-dlc PyModel.java: with SERVING_FEATURES=vllm and no entry point the vLLM async service starts,
-    and it takes one request per batch (lmi_vllm/vllm_async_service.py)."""
+    """0.33.0-dlc PyModel.java: with SERVING_FEATURES=vllm and no entry point the vLLM async service starts. It
+    starts healthy with batch_size 4, then answers 424 to every request the batcher groups with another
+    (lmi_vllm/vllm_async_service.py preprocess_request asserts len(batch) == 1); a request alone succeeds."""
     environment = {"HF_MODEL_ID": "tiiuae/falcon-40b", "OPTION_ROLLING_BATCH": "disable", "SERVING_BATCH_SIZE": "4"}
-    with pytest.raises(StartupError, match="one request per batch"):
-        start("0.33.0", environment, {}, HUB)
-    # 0.35+ start huggingface.py unless async mode is on.
+    (model,) = start("0.33.0", environment, {}, HUB).models
+    assert (model.backend, model.batch_size) == ("vllm-async", 4)
+    assert model.answer(1) == (200, "generated text")
+    assert model.answer(2) == (424, "Input parsing failed: only one request per batch allowed")
+    # 0.35+ start huggingface.py unless async mode is on; it batches.
     (model,) = start("0.35.0", environment, {}, HUB).models
     assert model.entry_point == "djl_python.huggingface"
+    assert model.answer(4) == (200, "generated text")
+
+
+@pytest.mark.parametrize("version", [v for v in lmi.VERSIONS if v != "0.23.0"])
+def test_our_dynamic_batching_never_reaches_the_vllm_service(version):
+    """What the stack renders for dynamic batching names huggingface.py, so a full batch of 4 is answered."""
+    falcon = configure(RECIPE, version, "dynamic", "hub")
+    (model,) = start(branch(version), lmi.to_environment(falcon), {}, HUB).models
+    assert model.answer(falcon.batch_size) == (200, "generated text")
 
 
 def test_lmi_dist_is_rewritten_to_vllm_from_033():
     """0.33.0-dlc+ wlm/.../LmiConfigRecommender.java setRollingBatch: lmi-dist becomes vllm with mpi_mode off,
     so the recipe's lmi-dist backend exists only on 0.23."""
-    for version in ("0.33.0", "0.35.0", "0.36.0"):
+    for version in VLLM_ERA:
         environment = {"HF_MODEL_ID": "tiiuae/falcon-40b", "OPTION_ENGINE": "MPI", "OPTION_ROLLING_BATCH": "lmi-dist",
                        "OPTION_ENTRYPOINT": "djl_python.huggingface"}
         (model,) = start(version, environment, {}, HUB).models

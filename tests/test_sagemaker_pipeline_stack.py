@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 
-import botocore.session
 import pytest
 from botocore.validate import ParamValidator
 
@@ -19,11 +18,17 @@ from settings import settings_from_context
 from stacks import sagemaker_training
 from stacks.instances import has_instance_storage
 from stacks.sagemaker_training import GATE_METRIC
+from tests import botocore_rules
 
 ACCOUNT = "123456789012"
 EXECUTION_ID = "a1b2c3d4e5f6"
 MODEL_URL = f"s3://example-bucket/models/sentiment-sagemaker/jobs/pipelines-{EXECUTION_ID}-Train/output/model.tar.gz"
 STEP_OPERATIONS = {"Training": "CreateTrainingJob", "RegisterModel": "CreateModelPackage"}
+# What the training job's final metrics would be: a different value for each metric its MetricDefinitions name, so
+# a step that reads the wrong metric shows it. A metric the job does not define has no value (the stand-in fails).
+FINAL_METRICS = {"validation:accuracy": 0.8104, "validation:recall_macro": 0.7123, "validation:f1_macro": 0.7391,
+                 "test:accuracy": 0.7957, "test:recall_macro": 0.6988, "test:f1_macro": 0.7215,
+                 "eval:recall_macro": 0.7045, "train:loss": 0.5231}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def definition(template) -> dict:
 
 @pytest.fixture(scope="module")
 def sagemaker_model():
-    return botocore.session.get_session().get_service_model("sagemaker")
+    return botocore_rules.sagemaker_model()
 
 
 def _render(value) -> str:
@@ -85,8 +90,9 @@ def _evaluate(value):
             return MODEL_URL
         if path == "Steps.Train.TrainingJobName":
             return f"pipelines-{EXECUTION_ID}-Train-x1y2z3"
-        if re.fullmatch(r"Steps\.Train\.FinalMetricDataList\['[\w:]+'\]\.Value", path):
-            return 0.7123
+        metric = re.fullmatch(r"Steps\.Train\.FinalMetricDataList\['([\w:]+)'\]\.Value", path)
+        if metric and metric.group(1) in FINAL_METRICS:
+            return FINAL_METRICS[metric.group(1)]
         raise AssertionError(f"unknown property reference {path}")
     if set(value) == {"Std:Join"}:
         join = value["Std:Join"]
@@ -110,50 +116,6 @@ def _request(step: dict) -> dict:
     return request
 
 
-def _constraint_errors(value, shape, path="") -> list[str]:
-    """Enums, min/max and patterns of the service model, which botocore's ParamValidator does not check."""
-    errors, meta = [], shape.metadata
-    if shape.type_name == "structure":
-        for name, member in value.items():
-            errors += _constraint_errors(member, shape.members[name], f"{path}.{name}")
-    elif shape.type_name == "list":
-        errors += _range(len(value), meta, path, "items")
-        for index, item in enumerate(value):
-            errors += _constraint_errors(item, shape.member, f"{path}[{index}]")
-    elif shape.type_name == "map":
-        errors += _range(len(value), meta, path, "entries")
-        for key, item in value.items():
-            errors += _constraint_errors(key, shape.key, f"{path} key") + _constraint_errors(item, shape.value,
-                                                                                            f"{path}[{key}]")
-    elif shape.type_name == "string":
-        if shape.enum and value not in shape.enum:
-            errors.append(f"{path}: {value!r} not in {shape.enum}")
-        errors += _range(len(value), meta, path, "characters")
-        pattern = _python_pattern(meta.get("pattern"))
-        if pattern is not None and not pattern.fullmatch(value):
-            errors.append(f"{path}: {value!r} does not match {meta['pattern']}")
-    elif shape.type_name in ("integer", "long", "float", "double"):
-        errors += _range(value, meta, path, "")
-    return errors
-
-
-def _python_pattern(pattern: str | None):
-    """The model's (Java-flavoured) pattern as a Python regex; None where Python's re cannot read it (\\p{...})."""
-    if not pattern:
-        return None
-    try:
-        return re.compile(pattern, flags=re.DOTALL)
-    except re.error:
-        return None
-
-
-def _range(number, meta, path, unit) -> list[str]:
-    low, high = meta.get("min"), meta.get("max")
-    if (low is not None and number < low) or (high is not None and number > high):
-        return [f"{path}: {number} {unit} outside {low}..{high}".replace("  ", " ")]
-    return []
-
-
 # --- botocore validation ------------------------------------------------------------------------------
 
 def test_every_step_request_is_valid_for_the_sagemaker_api(definition, sagemaker_model):
@@ -168,7 +130,7 @@ def test_every_step_request_is_valid_for_the_sagemaker_api(definition, sagemaker
         request = _request(step)
         report = ParamValidator().validate(request, shape)
         assert not report.has_errors(), f"{step['Name']} -> {operation}: {report.generate_report()}"
-        assert _constraint_errors(request, shape) == [], f"{step['Name']} -> {operation}"
+        assert botocore_rules.constraint_errors(request, shape) == [], f"{step['Name']} -> {operation}"
         validated += 1
     assert validated == 2
 
@@ -181,8 +143,26 @@ def test_the_validation_catches_a_bad_request(definition, sagemaker_model):
     request["StoppingCondition"]["MaxRuntimeInSeconds"] = 0
     del request["RoleArn"]
     assert "RoleArn" in ParamValidator().validate(request, shape).generate_report()
-    errors = _constraint_errors(request, shape)
+    errors = botocore_rules.constraint_errors(request, shape)
     assert any("TrainingInputMode" in e for e in errors) and any("MaxRuntimeInSeconds" in e for e in errors)
+
+
+def test_the_validation_reads_the_models_java_patterns(definition, sagemaker_model):
+    """Patterns with \\p{...} classes (metadata keys and values among them) are checked too, not dropped."""
+    shape = sagemaker_model.operation_model("CreateModelPackage").input_shape
+    register = _request(definition["Steps"][1]["Arguments"]["IfSteps"][0])
+    key_pattern = shape.members["CustomerMetadataProperties"].key.metadata["pattern"]
+    assert "\\p{L}" in key_pattern
+    register["CustomerMetadataProperties"]["recall#macro"] = "0.7"
+    errors = botocore_rules.constraint_errors(register, shape)
+    assert errors == [f".CustomerMetadataProperties key: 'recall#macro' does not match {key_pattern}"]
+
+
+def test_a_pattern_nothing_compiles_fails_instead_of_passing_unchecked():
+    surrogates = botocore_rules.shape("Database").metadata["pattern"]  # Java's UTF-16 surrogate ranges
+    with pytest.raises(AssertionError, match="does not compile"):
+        botocore_rules.constraint_errors("sales", botocore_rules.shape("Database"))
+    assert "\\uD800" in surrogates
 
 
 def test_pipeline_definition_fits_the_create_pipeline_limits(template, definition, sagemaker_model):
@@ -279,8 +259,10 @@ def test_gate_registers_pending_approval_with_metrics_or_fails(definition):
     assert gate["Type"] == "Condition"
     condition = gate["Arguments"]["Conditions"][0]
     assert condition["Type"] == "GreaterThanOrEqualTo"
-    assert condition["LeftValue"] == {"Get": f"Steps.Train.FinalMetricDataList['{GATE_METRIC}'].Value"}
+    assert condition["LeftValue"] == {"Get": "Steps.Train.FinalMetricDataList['validation:recall_macro'].Value"}
     assert condition["RightValue"] == 0.6
+    metrics = definition["Steps"][0]["Arguments"]["AlgorithmSpecification"]["MetricDefinitions"]
+    assert {m["Name"] for m in metrics} == set(FINAL_METRICS)  # the stand-in answers only what the job defines
     register = _request(gate["Arguments"]["IfSteps"][0])
     assert register["ModelPackageGroupName"] == "mlrecipes-dev-sentiment"
     assert register["ModelApprovalStatus"] == "PendingManualApproval"

@@ -114,9 +114,13 @@ def test_variant_scales_on_invocations_per_instance(synthesized):
 
 def test_execution_role_is_least_privilege(synthesized):
     template = synthesized("prod-sentiment").template("sentiment")
-    roles = template.find_resources("AWS::IAM::Role")
-    assert len(roles) == 1 and "ManagedPolicyArns" not in next(iter(roles.values()))["Properties"]
-    statements = _one(template, "AWS::IAM::Policy")["Properties"]["PolicyDocument"]["Statement"]
+    # The endpoint's role; the other one is the log-group function's (tests/test_lifecycle.py checks it).
+    (role_id,) = [key for key, role in template.find_resources("AWS::IAM::Role").items()
+                  if "sagemaker.amazonaws.com" in str(role["Properties"]["AssumeRolePolicyDocument"])]
+    assert "ManagedPolicyArns" not in template.find_resources("AWS::IAM::Role")[role_id]["Properties"]
+    (policy,) = [policy for policy in template.find_resources("AWS::IAM::Policy").values()
+                 if policy["Properties"]["Roles"] == [{"Ref": role_id}]]
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
     by_sid = {s["Sid"]: s for s in statements}
     assert by_sid["ReadModel"]["Resource"] == "arn:aws:s3:::example-bucket/models/sentiment/run-0001/model.tar.gz"
     assert by_sid["ReadModel"]["Action"] == "s3:GetObject"
@@ -187,7 +191,8 @@ def test_enabled_without_a_model_url_stops_synth():
 
 def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_version_it_knows():
     """The SDK's offline tables, so a new region or a moved repository cannot drift past us silently."""
-    image_uris = pytest.importorskip("sagemaker.core.image_uris")
+    from sagemaker.core import image_uris
+
     from stacks.images import DLC_ACCOUNTS
 
     versions = image_uris.config_for_framework("pytorch")["inference_graviton"]["versions"]

@@ -155,6 +155,11 @@ def test_outputs_tell_the_operator_what_comes_next(synthesized):
     for name in ("InstanceId", "RunId", "ModelPrefix", "LogGroupName", "FollowLogCommand"):
         assert name in outputs
     assert outputs["RunId"]["Value"] == "run-0001"
+    (instance_id,) = template.find_resources("AWS::EC2::Instance")
+    assert outputs["InstanceId"]["Value"] == {"Ref": instance_id}
+    (log_group_id,) = [key for key, group in template.find_resources("AWS::Logs::LogGroup").items()
+                       if group["Properties"].get("RetentionInDays") == 365]
+    assert outputs["LogGroupName"]["Value"] == {"Ref": log_group_id}
     prefix = outputs["ModelPrefix"]["Value"]["Fn::Join"][1]
     assert prefix[0] == "s3://" and re.fullmatch(r"/models/sentiment/run-0001/", prefix[2])
     follow = outputs["FollowLogCommand"]["Value"]["Fn::Join"][1]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from settings import REPO_ROOT
+from tests.conftest import prerequisite
 
 SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
 
@@ -105,8 +106,8 @@ def _index(calls: list[str], fragment: str) -> int:
     return matches[0]
 
 
-pytestmark = pytest.mark.skipif(shutil.which("zip") is None or shutil.which("unzip") is None,
-                                reason="the stubs build the code archive with zip")
+pytestmark = prerequisite(shutil.which("zip") is not None and shutil.which("unzip") is not None,
+                          "the stubs build the code archive with zip and unzip (`make test` installs them)")
 
 
 def test_successful_run_trains_packages_uploads_marks_and_shuts_down(tmp_path):

@@ -1,12 +1,18 @@
-"""Generate text with the Falcon endpoint (boto3) or an LMI server (--url), printing tokens as they arrive.
+"""Generate text with an LMI endpoint (boto3) or an LMI server (--url), printing the text as it arrives.
 
     python -m inference.llm.generate --endpoint dev-falcon "What is Amazon SageMaker?"
     echo "Write a haiku about GPUs" | python -m inference.llm.generate --url http://127.0.0.1:8080 --max-new-tokens 64
+    python -m inference.llm.generate --endpoint dev-llm --chat --tokenizer ./tokenizer "Explain KV caching"
 
 Streams by default: `"stream": true` in the request, SageMaker's InvokeEndpointWithResponseStream for --endpoint
-and a chunked HTTP response for --url (what LMI sends is described in `inference.llm.stream`). The text goes to
-stdout as it arrives; time to first token, tokens and tokens/s go to stderr afterwards. An endpoint that answers
-whole (dynamic batching streams nothing) is printed whole, with a note. `--no-stream` asks for a whole answer.
+and a chunked HTTP response for --url. `--chat` sends the OpenAI-compatible form (`messages`, `max_tokens`), which
+LMI's vLLM service (0.33+) answers as Chat Completions. What LMI sends, and how it is read, is described in
+`inference.llm.stream`. The text goes to stdout as it arrives; timings go to stderr afterwards. An answer that
+comes whole (dynamic batching never streams) is printed whole, with no time to first token claimed.
+
+Tokens are counted from what the server reports (usage.completion_tokens, details.generated_tokens), else with
+`--tokenizer DIR`, else not at all (words are shown instead): lines are never counted, since vLLM merges tokens
+into one line when the reader falls behind.
 Exit status: 0 done, 1 the request failed (the reason on stderr, after any text already printed), 2 usage error.
 """
 
@@ -23,10 +29,17 @@ from urllib.parse import urlsplit
 
 from inference.cli_types import positive, positive_int
 from inference.endpoints import RequestFailed, invocations_url
-from inference.endpoints import first_line as _first_line
 from inference.endpoints import runtime_client as new_runtime_client
-from inference.llm.loadtest_report import percentile
-from inference.llm.stream import STREAM_ACCEPT, StreamFailed, TokenStream, http_chunks, sagemaker_chunks, stream_payload
+from inference.llm.stream import (
+    STREAM_ACCEPT,
+    StreamFailed,
+    TokenStream,
+    chat_payload,
+    error_body_message,
+    http_chunks,
+    sagemaker_chunks,
+    stream_payload,
+)
 
 PROG = "python -m inference.llm.generate"
 JSON = "application/json"
@@ -42,7 +55,7 @@ def url_chunks(url: str, body: bytes, stream: bool, timeout: float) -> Iterator[
                            headers={"Content-Type": JSON, "Accept": STREAM_ACCEPT if stream else JSON})
         response = connection.getresponse()
         if response.status != 200:
-            raise RequestFailed(f"{url}: HTTP {response.status}: {_first_line(response.read())}")
+            raise RequestFailed(f"{url}: HTTP {response.status}: {error_body_message(response.read())}")
         yield from http_chunks(response)
     except (OSError, http.client.HTTPException) as error:
         raise RequestFailed(f"{url}: {getattr(error, 'strerror', None) or error}") from None
@@ -62,12 +75,13 @@ def endpoint_chunks(client, endpoint: str, body: bytes, stream: bool) -> Iterato
         else:
             response = client.invoke_endpoint(EndpointName=endpoint, Body=body, ContentType=JSON, Accept=JSON)
             yield response["Body"].read()
-    except ClientError as error:
+    except ClientError as error:  # a ModelError (the container's non-200), or SageMaker's own stream error
         details = error.response.get("Error", {})
         original = error.response.get("OriginalStatusCode")
         message = error.response.get("OriginalMessage") or details.get("Message") or str(error)
+        code = details.get("Code", "error")  # ModelStreamError: SageMaker's (ModelInvocationTimeExceeded, ...)
         status = f" (model answered {original})" if original else ""
-        raise RequestFailed(f"{endpoint}: {details.get('Code', 'error')}{status}: {_first_line(message)}") from None
+        raise RequestFailed(f"{endpoint}: {code}{status}: {error_body_message(message)}") from None
     except StreamFailed as error:
         raise RequestFailed(f"{endpoint}: {error}") from None
     except BotoCoreError as error:
@@ -75,28 +89,40 @@ def endpoint_chunks(client, endpoint: str, body: bytes, stream: bool) -> Iterato
 
 
 def generate(chunks: Iterator[bytes], out: TextIO) -> tuple[TokenStream, float]:
-    """Print tokens as they arrive; returns the stream read and the total seconds."""
+    """Print text pieces as they arrive; returns the answer read and the total seconds."""
     started = time.perf_counter()
-    tokens = TokenStream()
-    for chunk in chunks:
-        for text in tokens.feed(time.perf_counter() - started, chunk):
+    answer = TokenStream()
+    try:
+        for chunk in chunks:
+            for text in answer.feed(time.perf_counter() - started, chunk):
+                out.write(text)
+                out.flush()
+    finally:
+        elapsed = time.perf_counter() - started
+        for text in answer.finish(elapsed):
             out.write(text)
-            out.flush()
-    elapsed = time.perf_counter() - started
-    for text in tokens.finish(elapsed):
-        out.write(text)
-    return tokens, elapsed
+    return answer, elapsed
 
 
-def summary(tokens: TokenStream, elapsed: float) -> str:
-    if not tokens.streamed:
-        return f"answered whole after {elapsed:.2f} s (no token stream)"
-    gaps = tokens.itl
-    rate = len(tokens.texts) / elapsed if elapsed > 0 else 0.0
-    median_gap = percentile(gaps, 50)
-    gap = f", median gap between tokens {1000 * median_gap:.0f} ms" if median_gap is not None else ""
-    return (f"time to first token {tokens.ttft:.2f} s, {len(tokens.texts)} tokens in {elapsed:.2f} s, "
-            f"{rate:.1f} tokens/s{gap}")
+def count_tokens(answer: TokenStream, tokenizer=None) -> tuple[int | None, str]:
+    """(tokens, how they were counted): the server's own count, else the tokenizer's, else None."""
+    if answer.reported_tokens is not None:
+        return answer.reported_tokens, "as reported by the server"
+    if tokenizer is not None:
+        return len(tokenizer(answer.text, add_special_tokens=False)["input_ids"]), "counted with the tokenizer"
+    return None, "no --tokenizer"
+
+
+def summary(answer: TokenStream, elapsed: float, tokenizer=None) -> str:
+    tokens, method = count_tokens(answer, tokenizer)
+    amount = f"{tokens} tokens ({method})" if tokens is not None else \
+        f"{len(answer.text.split())} words (pass --tokenizer DIR for tokens)"
+    if not answer.streamed:
+        return f"answered whole after {elapsed:.2f} s (no token stream, no time to first token): {amount}"
+    rate = f", {tokens / elapsed:.1f} tokens/s" if tokens and elapsed > 0 else ""
+    gaps = answer.itl(tokens or 0)
+    gap = f", {1000 * gaps[0]:.0f} ms per token after the first" if gaps else ""
+    return f"time to first token {answer.ttft:.2f} s, {amount} in {elapsed:.2f} s{rate}{gap}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--url", help="an LMI server, e.g. http://127.0.0.1:8080 (/invocations is added)")
     parser.add_argument("--region", help="AWS region of the endpoint (default: the boto3 configuration)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=128,
-                        help="always sent, LMI's own default is 30 (default: 128)")
+                        help="always sent (max_tokens with --chat); LMI's own default is 30 (default: 128)")
+    parser.add_argument("--chat", action="store_true",
+                        help="send the OpenAI-compatible chat form (messages), answered by LMI's vLLM service")
+    parser.add_argument("--tokenizer", metavar="DIR", help="count tokens with this Hugging Face tokenizer")
     parser.add_argument("--no-stream", action="store_true", help="ask for one whole answer instead of a stream")
     parser.add_argument("--timeout", type=positive(float), default=60.0,
                         help="seconds per read for --url (default: 60)")
@@ -127,8 +156,18 @@ def main(argv: list[str] | None = None, runtime_client=None, out: TextIO | None 
     if not prompt:
         print(f"{PROG}: error: no prompt: give it as arguments or on stdin", file=sys.stderr)
         return 2
+    tokenizer = None
+    if args.tokenizer:
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        except (OSError, ValueError) as error:
+            print(f"{PROG}: error: --tokenizer {args.tokenizer}: {error}".splitlines()[0], file=sys.stderr)
+            return 2
     stream = not args.no_stream
-    body = json.dumps(stream_payload(prompt, args.max_new_tokens, stream)).encode()
+    form = chat_payload if args.chat else stream_payload
+    body = json.dumps(form(prompt, args.max_new_tokens, stream)).encode()
     try:
         if args.url:
             try:
@@ -139,20 +178,20 @@ def main(argv: list[str] | None = None, runtime_client=None, out: TextIO | None 
             chunks = url_chunks(url, body, stream, args.timeout)
         else:
             chunks = endpoint_chunks(runtime_client or new_runtime_client(args.region), args.endpoint, body, stream)
-        tokens, elapsed = generate(chunks, out)
-        if not tokens.streamed:
-            out.write(tokens.final_text or "")
+        answer, elapsed = generate(chunks, out)
+        if not answer.streamed and answer.error is None:
+            out.write(answer.final_text or "")
         out.write("\n")
         out.flush()
     except RequestFailed as error:
         out.write("\n")
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 1
-    if tokens.error:
-        print(f"{PROG}: error: the server failed during generation: {tokens.error}", file=sys.stderr)
+    if answer.error:
+        print(f"{PROG}: error: the server failed during generation: {answer.error}", file=sys.stderr)
         return 1
-    print(summary(tokens, elapsed), file=sys.stderr)
-    if stream and not tokens.streamed:
+    print(summary(answer, elapsed, tokenizer), file=sys.stderr)
+    if stream and not answer.streamed:
         print("note: the endpoint answered whole: LMI streams with rolling batch only (inference.llm.stream)",
               file=sys.stderr)
     return 0

@@ -7,12 +7,15 @@ region) or any HTTP URL speaking the container contract (`--url http://127.0.0.1
 default is 30); `--shape 32x128` and `--shape 256x32` are the recipe's two shapes. `--kind sentiment` sends
 `{"inputs": [text, ...]}` batches of `--batch-size` texts; its output unit is labels returned (= texts served).
 `--stream` (llm) asks LMI for its token stream and adds time to first token, inter-token latency and per-client
-tokens/s to the figures (`inference.llm.stream` says what the container sends and how it is timed).
+tokens/s to the figures (`inference.llm.stream` says what the container sends and how it is timed). `--chat` (llm)
+sends the OpenAI-compatible form (`messages`) that LMI's vLLM service answers as Chat Completions.
 
 Each step runs a fixed number of concurrent clients (threads, one keep-alive connection each) for `--requests`
 requests in all or for `--duration` seconds, after `--warmup` requests per client that are not measured.
-Output tokens are counted with `--tokenizer DIR` when given, else as whitespace-separated words; the report says
-which. Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other).
+Output tokens are counted with `--tokenizer DIR` when given, else as whitespace-separated words, over each answer's
+generated text, streamed or not; the report says which. Streamed lines are never counted as tokens: vLLM merges
+several tokens into one line when the reader falls behind, exactly when the endpoint is busy.
+Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other).
 
     python -m inference.llm.loadtest --url http://127.0.0.1:8080/invocations --kind sentiment --concurrency 1,2,4
     python -m inference.llm.loadtest --endpoint falcon-rolling --shape 32x128 --concurrency 1,4,16,32 \\
@@ -20,7 +23,9 @@ which. Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx,
     python -m inference.llm.loadtest --compare runs/dynamic/report.json runs/rolling/report.json --out runs
 
 Exit status: 0 every step's error rate <= --max-error-rate; 1 some step exceeded it; 2 usage error;
-3 the target could not be used at all (unreachable, no credentials, every warm-up request failed); 130 stopped.
+3 the target could not be used at all (unreachable, no credentials, every warm-up request failed); stopped by
+SIGTERM 0, by Ctrl-C (SIGINT) 130, either to the process or its group, once or repeated (`inference.processes`); a
+stopped run still prints and writes the steps that finished.
 Statistics are defined in `inference.llm.loadtest_report`.
 """
 
@@ -40,12 +45,16 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from inference import processes
 from inference.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
 from inference.llm import loadtest_report as reports
 from inference.llm.loadtest_report import Sample
 from inference.llm.stream import (
     STREAM_ACCEPT,
     StreamFailed,
+    TokenStream,
+    chat_payload,
+    error_body_message,
     http_chunks,
     read_stream,
     sagemaker_chunks,
@@ -218,7 +227,7 @@ class HttpTarget:
             return Outcome(latency, response.status, data, ttfb, "timeout",
                            f"answered after {latency:.1f} s, over the {self.timeout} s limit")
         kind = status_kind(response.status)
-        detail = "" if kind is None else _one_line(f"HTTP {response.status}: {data.decode('utf-8', 'replace')}")
+        detail = "" if kind is None else _one_line(f"HTTP {response.status}: {error_body_message(data)}")
         return Outcome(latency, response.status, data, ttfb, kind, detail, chunks)
 
     def close(self) -> None:
@@ -408,43 +417,39 @@ class Workload:
     counter: Callable[[str], int]
     shape: dict = field(default_factory=dict)
 
-    def read(self, payload: Payload, body: bytes) -> tuple[int, list[str], str | None]:
-        """(output count now, generated texts to count later, error detail or None) of a 200 answer."""
-        try:
-            answer = json.loads(body)
-        except ValueError:
-            lines = read_stream([(0.0, body)])  # JSON lines (LMI 0.23 with option.output_formatter=jsonlines)
-            if self.kind == "llm" and lines.streamed and not lines.error:
-                return 0, [lines.text], None
-            return 0, [], f"response is not JSON: {_one_line(body.decode('utf-8', 'replace'), 80)}"
-        if self.kind == "sentiment":
-            if not isinstance(answer, list):
-                return 0, [], f"expected a list of labels, got {type(answer).__name__}"
-            return len(answer), [], None
-        items = answer if isinstance(answer, list) else [answer]
-        texts = [item.get("generated_text") for item in items if isinstance(item, dict)]
-        if not texts or not all(isinstance(text, str) for text in texts):
-            return 0, [], f"no generated_text in the response: {_one_line(body.decode('utf-8', 'replace'), 80)}"
-        # A server asked to return the full text echoes the prompt first: count only what it generated.
-        texts = [text[len(payload.prompt):] if payload.prompt and text.startswith(payload.prompt) else text
-                 for text in texts]
-        return 0, texts, None
+    def read(self, payload: Payload, chunks: list[tuple[float, bytes]],
+             sample: Sample) -> tuple[list[str], TokenStream | None]:
+        """Fill `sample` from a 200 answer (its chunks with arrival times); returns the generated texts to count
+        after the step, and the LLM answer read (its timings need the count).
 
-    def read_stream(self, payload: Payload, outcome: Outcome, sample: Sample) -> tuple[list[str], str | None]:
-        """Fill `sample` from a streamed answer: tokens counted as the server sent them, TTFT and gaps.
-
-        Falls back to `read` when the server sent one whole JSON answer instead of token lines (no streaming
-        support, e.g. dynamic batching): the sample then has no TTFT and its text is counted later.
+        An LLM answer is read in every form LMI sends (`inference.llm.stream`): a token stream gives TTFT; a
+        whole answer gives none; an error DJL sent inside the 200 (after a stream, or in place of an answer)
+        makes the request a server error with DJL's message kept.
         """
-        tokens = read_stream(outcome.chunks or [])
-        if tokens.error:  # the server failed after answering 200: a server error, whatever it streamed before
-            sample.error, sample.detail = "5xx", f"error in the stream: {_one_line(tokens.error, 120)}"
+        body = b"".join(chunk for _, chunk in chunks)
+        if self.kind == "sentiment":
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                sample.error = "other"
+                sample.detail = f"response is not JSON: {_one_line(body.decode('utf-8', 'replace'), 80)}"
+                return [], None
+            if not isinstance(answer, list):
+                sample.error, sample.detail = "other", f"expected a list of labels, got {type(answer).__name__}"
+                return [], None
+            sample.output = len(answer)
             return [], None
-        if not tokens.streamed:
-            sample.output, texts, problem = self.read(payload, outcome.body)
-            return texts, problem
-        sample.output, sample.ttft, sample.itl = len(tokens.texts), tokens.ttft, tokens.itl
-        return [], None
+        answer = read_stream(chunks)
+        if answer.error:
+            known = not answer.error.startswith(("not JSON", "not a JSON line", "unknown answer"))
+            sample.error = "5xx" if known else "other"
+            sample.detail = f"error in the answer: {_one_line(answer.error, 120)}"
+            return [], None
+        text = answer.text
+        if not answer.streamed and payload.prompt and text.startswith(payload.prompt):
+            text = text[len(payload.prompt):]  # dynamic batching returns prompt + answer: count what was generated
+        sample.ttft = answer.ttft
+        return [text], answer
 
 
 def sample_texts() -> list[str]:
@@ -461,15 +466,20 @@ def sample_texts() -> list[str]:
     return texts or list(FALLBACK_TEXTS)
 
 
-def llm_workload(input_tokens: int, output_tokens: int, counter, stream: bool = False) -> Workload:
+def llm_workload(input_tokens: int, output_tokens: int, counter, stream: bool = False,
+                 chat: bool = False) -> Workload:
+    """LMI's request form, or with `chat` the OpenAI-compatible one (`messages`, `max_tokens`) that LMI's vLLM
+    service answers as Chat Completions (chat_input_output_schema.md)."""
     payloads = []
+    form = chat_payload if chat else stream_payload
     for variant in range(PROMPT_VARIANTS):
         prompt = make_prompt(input_tokens, counter, offset=variant * 7)
-        body = json.dumps(stream_payload(prompt, output_tokens, stream)).encode()
+        body = json.dumps(form(prompt, output_tokens, stream)).encode()
         payloads.append(Payload(body, prompt))
     measured = [counter(payload.prompt) for payload in payloads]
     shape = {"input_tokens": input_tokens, "output_tokens": output_tokens,
-             "prompt_lengths": sorted(set(measured)), "prompt_unit": counter.unit}
+             "prompt_lengths": sorted(set(measured)), "prompt_unit": counter.unit,
+             "request_form": "chat" if chat else "lmi"}
     return Workload("llm", payloads, counter, shape)
 
 
@@ -489,6 +499,7 @@ def sentiment_workload(batch_size: int, texts: Sequence[str] | None = None) -> W
 class _Record:
     sample: Sample
     texts: list[str]
+    answer: TokenStream | None = None
 
 
 def _request(target: Target, workload: Workload, payload: Payload) -> _Record:
@@ -496,19 +507,15 @@ def _request(target: Target, workload: Workload, payload: Payload) -> _Record:
     try:
         outcome = target.invoke(payload.body)
         sample = Sample(outcome.latency, outcome.error, outcome.ttfb, 0, outcome.detail)
-        texts: list[str] = []
-        if outcome.error is None and outcome.chunks is not None and workload.kind == "llm":
-            texts, problem = workload.read_stream(payload, outcome, sample)
-            if problem:
-                sample.error, sample.detail = "other", problem
-        elif outcome.error is None:
-            sample.output, texts, problem = workload.read(payload, outcome.body)
-            if problem:
-                sample.error, sample.detail = "other", problem
+        if outcome.error is not None:
+            return _Record(sample, [])
+        texts, answer = workload.read(payload, outcome.chunks or [(outcome.latency, outcome.body)], sample)
+        if answer is not None and not (outcome.chunks is not None and answer.streamed):
+            sample.ttft = None  # a whole answer (or a body read at once): no token timing to claim
     except Exception as error:  # an unforeseen failure is counted with its name; one request never ends a run
         return _Record(Sample(time.perf_counter() - started, "other",
                               detail=_one_line(f"{type(error).__name__}: {error}")), [])
-    return _Record(sample, texts)
+    return _Record(sample, texts, answer)
 
 
 def run_step(target: Target, workload: Workload, concurrency: int, requests: int | None = None,
@@ -568,7 +575,7 @@ def run_step(target: Target, workload: Workload, concurrency: int, requests: int
         for thread in threads:
             while thread.is_alive():
                 thread.join(timeout=0.2)  # wake up for Ctrl-C
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, processes.Stopped):
         stop.set()
         barrier.abort()
         for thread in threads:
@@ -581,6 +588,8 @@ def run_step(target: Target, workload: Workload, concurrency: int, requests: int
     for record in measured:
         if record.texts:
             record.sample.output = sum(workload.counter(text) for text in record.texts)
+        if record.answer is not None and record.sample.ttft is not None:
+            record.sample.itl = record.answer.itl(record.sample.output)
     return reports.summarize([r.sample for r in measured], wall, concurrency, [r.sample for r in warmups])
 
 
@@ -619,10 +628,11 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         "target": target.describe(),
         "kind": workload.kind,
         "shape": workload.shape,
-        "unit": "labels" if workload.kind == "sentiment" else "tokens" if streamed else workload.counter.unit,
-        "token_counter": "labels returned" if workload.kind == "sentiment" else
-        f"tokens as streamed, one per token line (answers that came whole: {token_counter})" if streamed else
-        token_counter,
+        "unit": "labels" if workload.kind == "sentiment" else workload.counter.unit,
+        # Never one per line: vLLM merges several tokens into one line when the reader falls behind.
+        "token_counter": "labels returned" if workload.kind == "sentiment" else token_counter,
+        "token_count_rule": None if workload.kind == "sentiment" else
+        "the counter over each answer's generated text, streamed or whole; never one per streamed line",
         "stream": streamed,
         "ttfb_note": target.ttfb_note,
         "timeout_s": getattr(target, "timeout", None),
@@ -650,7 +660,7 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
                     and step["error_count"] == step["requests"]:
                 report["aborted"] = "every request of the step failed, warm-up included"
                 break
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, processes.Stopped):
         report["interrupted"] = True
     report["finished_at"] = _now()
     report["passed"] = reports.passed(report["steps"], settings.max_error_rate)
@@ -703,6 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llm: ask LMI for its token stream (\"stream\": true; SageMaker "
                              "InvokeEndpointWithResponseStream, chunked HTTP for --url) and report time to first "
                              "token and inter-token latency; needs rolling batch in the container")
+    parser.add_argument("--chat", action="store_true",
+                        help="llm: send the OpenAI-compatible chat form (messages, max_tokens), which LMI's vLLM "
+                             "service (0.33+) answers as Chat Completions")
     parser.add_argument("--tokenizer", metavar="DIR",
                         help="count tokens with this Hugging Face tokenizer (default: whitespace words)")
     parser.add_argument("--concurrency", type=positive_int_list, default=[1], metavar="N[,N...]",
@@ -733,8 +746,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         return
     if args.kind == "sentiment" and (args.shape or args.input_tokens or args.output_tokens):
         parser.error("--shape, --input-tokens and --output-tokens apply to --kind llm")
-    if args.kind == "sentiment" and args.stream:
-        parser.error("--stream applies to --kind llm")
+    if args.kind == "sentiment" and (args.stream or args.chat):
+        parser.error("--stream and --chat apply to --kind llm")
     if args.kind == "sentiment" and args.tokenizer:
         parser.error("--tokenizer applies to --kind llm; sentiment output is counted in labels")
     if args.region and not args.endpoint:
@@ -773,6 +786,14 @@ def _default_label(target: Target) -> str:
 
 def main(argv: list[str] | None = None, target: Target | None = None) -> int:
     """The command line; `target` replaces the one --url/--endpoint would build (tests pass a stubbed one)."""
+    try:
+        return _main(argv, target)
+    except processes.Stopped as stopped:  # before the run began (loading a tokenizer, probing the target)
+        print(f"{PROG}: stopped before the first step", file=sys.stderr)
+        return stopped.exit_status
+
+
+def _main(argv: list[str] | None, target: Target | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -789,7 +810,8 @@ def main(argv: list[str] | None = None, target: Target | None = None) -> int:
         return EXIT_USAGE
     if args.kind == "llm":
         inputs, outputs = args.shape or SHAPES["32x128"]
-        workload = llm_workload(args.input_tokens or inputs, args.output_tokens or outputs, counter, args.stream)
+        workload = llm_workload(args.input_tokens or inputs, args.output_tokens or outputs, counter, args.stream,
+                                args.chat)
     else:
         workload = sentiment_workload(args.batch_size)
 
@@ -831,7 +853,7 @@ def main(argv: list[str] | None = None, target: Target | None = None) -> int:
         return EXIT_TARGET
     if report["interrupted"]:
         print(f"{PROG}: interrupted; the report holds the steps that finished", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED if processes.received() is None else processes.exit_status(processes.received())
     if not report["passed"]:
         worst = max(report["steps"], key=lambda step: step["error_rate"])
         print(f"{PROG}: error rate {worst['error_rate']:.1%} with {worst['concurrency']} concurrent clients is "
@@ -841,4 +863,5 @@ def main(argv: list[str] | None = None, target: Target | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    processes.install_stop_handlers()  # first: SIGTERM ends a run as Ctrl-C does, and a repeat cannot cut the report
+    processes.finish(main())

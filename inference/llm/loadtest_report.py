@@ -12,8 +12,9 @@ Definitions (the same for every target):
   The unit is tokens (or whitespace words) for `--kind llm`, labels returned for `--kind sentiment`.
 - Latency and time to first byte are over successful requests only, so fast failures do not flatter them.
 - Streamed answers (`--stream`) add, over successful streamed requests: `ttft_s`, time to first token (sending
-  to the first token line); `itl_s`, inter-token latency, every gap between consecutive tokens of one request,
-  pooled over the step's requests; their output is the number of token lines the server sent (exact tokens).
+  to the first line carrying text); `itl_s`, inter-token latency: per request (last text arrival - first) /
+  (tokens - 1), once per gap, pooled over the step's requests. Their output is counted like any answer's (the
+  tokenizer, or words), never one per line: vLLM merges tokens into one line under load.
 - `client_output_per_s`: per successful request, its output / its latency, the rate one user sees;
   `output_per_s` is the rate of all clients together.
 - Percentiles use linear interpolation between closest ranks, numpy's default method ("linear", Hyndman and
@@ -181,7 +182,7 @@ def format_table(report: dict) -> str:
                f"ttfb: {report.get('ttfb_note', 'time to the first response byte')}; "
                "/client: median of each request's output / latency")
     if streamed:
-        out.append("streamed: ttft = time to first token; itl = gaps between consecutive tokens of a request (ms)")
+        out.append("streamed: ttft = time to first token; itl = time per token after the first, per request (ms)")
         unstreamed = sum(step["ok"] - step.get("streamed_requests", 0) for step in report["steps"])
         if unstreamed:
             out.append(f"{unstreamed} successful answers came whole, not as a token stream (no TTFT for them)")

@@ -1,24 +1,38 @@
-"""Token streams from LMI (DJL Serving): what to ask for, how to read it, and the timings users care about.
+"""Answers from LMI (DJL Serving): what to ask for, how to read every form the container sends, and the timings.
 
-What the container does, read at DJL Serving's release branches (`engines/python/setup/djl_python/`):
-- 0.27 and later, rolling batch: a request asks for a stream with `"stream": true` at the top level of the
-  payload. 0.33's `input_parser.py` copies it into the parameters (`parameters["stream"] = payload.get("stream",
-  False)`), `request.py` pops it and calls `output_formatter.get_output_formatter(formatter, stream, tgi_compat)`,
-  which picks `_jsonlines_output_formatter` with content type `application/jsonlines` (or server-sent events,
-  `data: <json line>`, for TGI-compatible requests). Each line is one token, `{"token": {"id": 42, "text": " the",
-  "log_prob": -0.3}}`; the last line also carries `"generated_text"` (and `"details"` when asked, or
-  `{"finish_reason": "error"}`); a failed generation's token has `"error_msg"`. 0.35 is the same.
-- 0.23 rolling batch streams only with `option.output_formatter=jsonlines` (a container setting):
-  `{"outputs": ["text", ...]}` per line (`rolling_batch/rolling_batch.py`).
-- Dynamic batching (no rolling batch) does not stream per request: `huggingface.py` `_streaming_inference`
-  needs the container-wide `option.enable_streaming` and refuses batches of more than one request ("Dynamic
-  batch not supported for generic streaming"). Benchmarks therefore send dynamic mode plain requests.
+What the container sends, read at DJL Serving's release branches (github.com/deepjavalibrary/djl-serving,
+`engines/python/setup/djl_python/` unless a Java file is named; commits: 0.23.0-dlc 07673c54, 0.33.0-dlc 8b3b685b,
+0.35.0-dlc 63786613, 0.36.0-lmi27-dlc 7e13b081). `tests/fake_lmi.py` builds the same bytes, rule by rule.
 
-Timings (seconds from the moment the request was sent, per request):
-- time to first token (TTFT): arrival of the first token line;
-- inter-token latency (ITL): gaps between consecutive token arrivals of one request (the first token is not a
-  gap); tokens that arrive in one network read share a timestamp, so their gap is 0;
-- per-client output rate: tokens of the request / its whole latency, the rate one user sees.
+- vLLM (0.33+, rolling): `"stream": true` gives JSON lines, one per vLLM completion chunk
+  (`lmi_vllm/request_response_utils.py` convert_completion_chunk_response_to_lmi_schema):
+  `{"index": 0, "token": {"id", "text", "logprob"}, "generated_text": null, "details": null}`, the last line with
+  `generated_text`; then empty lines (`async_utils.py` _create_output appends "\\n" to every chunk, empty ones too).
+  When the reader falls behind, vLLM merges outputs: one line carries several tokens' text and LMI keeps only the
+  first token id. So tokens are never counted by lines or ids here: see `TokenStream.tokens`.
+- vLLM chat (a body with `messages`): the lines are vLLM's own `chat.completion.chunk` objects, the `data: `
+  prefix removed (`vllm_stream_output_formatter`); without `stream`, one `chat.completion` object.
+- Errors after the 200 (0.33+): DJL appends a compact record with no newline. The engine dying:
+  `{"code":500,"message":"Inference Engine Failure",...}` (`AsyncRequestManager.java` terminateInFlightRequests,
+  Gson of djl's Output); a formatter failure: `{"error":"...","code":424}` (`Request.java` addResponse); an error
+  vLLM reports inside its stream: a line `{"error": ...}` (passed through by the formatter).
+- 0.23 rolling (lmi-dist, `rolling_batch/rolling_batch.py`): with option.output_formatter=json (default) the chunks
+  form ONE JSON document `{"generated_text": "..."}` built piece by piece, so nothing can be timed per token;
+  with jsonlines each chunk is `{"outputs": ["text"]}` and a line. An engine failure appends Gson's record of
+  `Output(200, "Batch inference failed")` (`RollingBatch.java`): an error whatever its code.
+- Dynamic batching (every version, `huggingface.py`): one whole answer even with `"stream": true`,
+  `[{"generated_text": "prompt + answer"}]` pretty-printed over several lines (`outputs.py` Output._encode_json,
+  indent=2). A failing handler answers with a non-200 status and Output.error's pretty-printed
+  `{"code": 424, "message": ..., "error": ...}` (`outputs.py`).
+- SageMaker splits the container's bytes into PayloadPart events anywhere: inside a line, inside a UTF-8
+  character. It raises ModelStreamError only itself (ModelInvocationTimeExceeded, StreamBroken); DJL's own errors
+  arrive as payload, above.
+
+Timings, per request, in seconds from sending:
+- time to first token (TTFT): arrival of the first line carrying generated text; an answer that came whole
+  (one JSON document) has none;
+- inter-token latency (ITL): (last text arrival - first text arrival) / (tokens - 1), the mean time per output
+  token after the first. Per-line gaps are not used: a merged line holds several tokens.
 """
 
 from __future__ import annotations
@@ -28,10 +42,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 STREAM_ACCEPT = "application/jsonlines"
+_OUTPUT_RECORD_KEYS = {"code", "message", "properties", "content"}  # Gson of djl's ai.djl.modality.Output
 
 
 class StreamFailed(RuntimeError):
-    """The server reported an error inside the stream (a token with error_msg, or a SageMaker stream error)."""
+    """The stream itself broke (a SageMaker stream error): no answer to read."""
 
     def __init__(self, message: str, kind: str = "5xx"):
         super().__init__(message)
@@ -39,73 +54,185 @@ class StreamFailed(RuntimeError):
 
 
 def stream_payload(prompt: str, max_new_tokens: int, stream: bool) -> dict:
-    """LMI's request; max_new_tokens is always sent (LMI's default is 30), `stream` only when asked."""
+    """LMI's request (lmi_input_output_schema.md); max_new_tokens always (LMI's default is 30), stream when asked."""
     payload: dict = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}
     if stream:
         payload["stream"] = True
     return payload
 
 
+def chat_payload(prompt: str, max_tokens: int, stream: bool) -> dict:
+    """The OpenAI-compatible form LMI's vLLM service answers as Chat Completions.
+
+    Keys from DJL's `serving/docs/lmi/user_guides/chat_input_output_schema.md`: `messages`, `max_tokens`, `stream`.
+    """
+    payload: dict = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+    if stream:
+        payload["stream"] = True
+    return payload
+
+
+def error_message(item) -> str | None:
+    """The message of an error in any form DJL sends, or None when `item` is not an error."""
+    if not isinstance(item, dict):
+        return None
+    if "error" in item and item["error"] not in (None, "", {}):
+        error = item["error"]
+        if isinstance(error, dict):
+            error = error.get("message") or json.dumps(error)
+        return f"{item['message']}: {error}" if isinstance(item.get("message"), str) else str(error)
+    code = item.get("code")
+    if isinstance(code, int) and (code >= 400 or item.keys() >= _OUTPUT_RECORD_KEYS):
+        return f"{item.get('message') or 'error'} (code {code})"
+    return None
+
+
+def _whole_text(item) -> tuple[str | None, int | None]:
+    """(generated text, completion tokens if reported) of a whole answer, or (None, None)."""
+    if isinstance(item, list) and item and all(isinstance(one, dict) for one in item):
+        texts = [one.get("generated_text") for one in item]
+        return ("".join(texts), None) if all(isinstance(text, str) for text in texts) else (None, None)
+    if not isinstance(item, dict):
+        return None, None
+    if isinstance(item.get("generated_text"), str):
+        details = item.get("details") or {}
+        return item["generated_text"], details.get("generated_tokens")
+    if item.get("object") == "chat.completion":
+        choices = item.get("choices") or [{}]
+        content = ((choices[0] or {}).get("message") or {}).get("content")
+        return (content if isinstance(content, str) else None), (item.get("usage") or {}).get("completion_tokens")
+    return None, None
+
+
 @dataclass
 class TokenStream:
-    """Tokens of one streamed answer with their arrival times, read from raw chunks as they arrive."""
+    """One answer read from raw chunks as they arrive: streamed text pieces with their arrival times, or a whole
+    answer, or an error.
+
+    Bytes are split into lines before decoding, so a chunk that ends inside a UTF-8 character or a JSON line is
+    simply kept until the rest arrives. A first line that is not JSON starts a whole document (dynamic batching's
+    pretty-printed answer, 0.23's json formatter), parsed when the answer ends.
+    """
 
     times: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    final_text: str | None = None  # "generated_text" of the last line, or a whole non-streamed JSON answer
+    final_text: str | None = None  # "generated_text" of the last line, or the text of a whole answer
+    whole: bool = False  # the answer was one JSON document, not a stream
     error: str | None = None
-    lines: int = 0
+    token_ids: int = 0  # ids seen; under load fewer than the tokens (LMI keeps one id per merged line)
+    reported_tokens: int | None = None  # details.generated_tokens or usage.completion_tokens, when the server sent it
     _buffer: bytes = b""
+    _document: bool = False
 
     def feed(self, at: float, chunk: bytes) -> list[str]:
-        """Add a chunk that arrived `at` seconds after sending; returns the texts of the tokens it completed."""
+        """Add a chunk that arrived `at` seconds after sending; returns the text pieces it completed."""
         self._buffer += chunk
+        if self._document:
+            return []
         *complete, self._buffer = self._buffer.split(b"\n")
         added: list[str] = []
-        for line in complete:
+        for number, line in enumerate(complete):
             added += self._line(at, line)
+            if self._document:  # keep the document's bytes whole for finish()
+                self._buffer = b"\n".join([*complete[number:], self._buffer])
+                break
         return added
 
     def finish(self, at: float) -> list[str]:
-        """The end of the response: a last line without a newline still counts."""
+        """The end of the answer: a document is parsed now; a last line without a newline still counts."""
         rest, self._buffer = self._buffer, b""
-        return self._line(at, rest)
+        if not self._document:
+            pieces = self._line(at, rest)
+            if not self._document:
+                return pieces
+        self._read_document(rest)
+        return []
 
     def _line(self, at: float, raw: bytes) -> list[str]:
         line = raw.strip()
-        if line.startswith(b"data:"):  # server-sent events (TGI-compatible output)
+        if line.startswith(b"data:"):  # server-sent events, for a client that reads vLLM directly
             line = line[5:].strip()
-        if not line:
+        if not line or line == b"[DONE]":
             return []
-        self.lines += 1
         try:
             item = json.loads(line)
         except ValueError:
-            self.error = self.error or f"not a JSON line: {line[:80].decode('utf-8', 'replace')}"
+            if not self.texts and self.final_text is None and self.error is None:
+                self._document = True
+            else:
+                self.error = self.error or f"not a JSON line: {line[:80].decode('utf-8', 'replace')}"
             return []
-        if isinstance(item, list) and len(item) == 1:  # TGI-compatible whole answers come as a one-item list
-            item = item[0]
-        if not isinstance(item, dict):
+        message = error_message(item)
+        if message is not None:
+            self.error = self.error or message
+            return []
+        texts = self._pieces(item)
+        self.times += [at] * len(texts)
+        self.texts += texts
+        return texts
+
+    def _pieces(self, item) -> list[str]:
+        if not isinstance(item, dict) or not ({"token", "outputs"} & item.keys() or
+                                               item.get("object") == "chat.completion.chunk"):
+            text, reported = _whole_text(item)  # a whole answer on one line (no stream asked, or none possible)
+            if text is None:
+                self.error = self.error or f"unknown answer: {json.dumps(item)[:80]}"
+            else:
+                self.final_text, self.whole, self.reported_tokens = text, True, reported
             return []
         texts: list[str] = []
         token = item.get("token")
         if isinstance(token, dict):
-            if token.get("error_msg"):
-                self.error = str(token["error_msg"])
-            elif isinstance(token.get("text"), str) and not token.get("special_token"):
+            if isinstance(token.get("id"), int):
+                self.token_ids += 1
+            if isinstance(token.get("text"), str) and token["text"] and not token.get("special_token"):
                 texts.append(token["text"])
-        outputs = item.get("outputs")  # 0.23's jsonlines formatter
-        if isinstance(outputs, list):
-            texts += [text for text in outputs if isinstance(text, str)]
+        if isinstance(item.get("outputs"), list):  # 0.23's jsonlines formatter
+            texts += [text for text in item["outputs"] if isinstance(text, str) and text]
+        for choice in item.get("choices") or []:  # a chat.completion.chunk
+            content = ((choice or {}).get("delta") or {}).get("content")
+            if isinstance(content, str) and content:
+                texts.append(content)
         if isinstance(item.get("generated_text"), str):
             self.final_text = item["generated_text"]
-        if item.get("error") and not self.error:  # a non-streamed error answer
-            self.error = str(item["error"])
-        if ((item.get("details") or {}).get("finish_reason") == "error") and not self.error:
-            self.error = "finish_reason error"
-        self.times += [at] * len(texts)
-        self.texts += texts
+        details = item.get("details") or {}
+        if isinstance(details.get("generated_tokens"), int):
+            self.reported_tokens = details["generated_tokens"]
+        if isinstance((item.get("usage") or {}).get("completion_tokens"), int):
+            self.reported_tokens = item["usage"]["completion_tokens"]
+        if details.get("finish_reason") == "error":
+            self.error = self.error or "finish_reason error"
         return texts
+
+    def _read_document(self, data: bytes) -> None:
+        try:
+            item = json.loads(data)
+        except ValueError:
+            self.error = self.error or self._trailing_error(data) or \
+                f"not JSON: {data[:80].decode('utf-8', 'replace')}"
+            return
+        message = error_message(item)
+        if message is not None:
+            self.error = self.error or message
+            return
+        text, reported = _whole_text(item)
+        if text is None:
+            self.error = self.error or f"unknown answer: {json.dumps(item)[:80]}"
+            return
+        self.final_text, self.whole, self.reported_tokens = text, True, reported
+
+    @staticmethod
+    def _trailing_error(data: bytes) -> str | None:
+        """DJL's error record appended to a document cut short (0.23's json formatter after a failure)."""
+        text = data.decode("utf-8", "replace")
+        start = text.rfind('{"code"')
+        if start < 0:
+            return None
+        try:
+            item, _end = json.JSONDecoder().raw_decode(text[start:])
+        except ValueError:
+            return None
+        return error_message(item)
 
     @property
     def streamed(self) -> bool:
@@ -116,12 +243,25 @@ class TokenStream:
         return self.times[0] if self.times else None
 
     @property
-    def itl(self) -> list[float]:
-        return [later - earlier for earlier, later in zip(self.times, self.times[1:], strict=False)]
-
-    @property
     def text(self) -> str:
+        """The generated text: the streamed pieces, else the whole answer's text."""
         return "".join(self.texts) if self.texts else (self.final_text or "")
+
+    def itl(self, tokens: int) -> list[float]:
+        """Mean time per output token after the first, once per gap, for an answer of `tokens` tokens."""
+        if not self.streamed or tokens < 2:
+            return []
+        return [(self.times[-1] - self.times[0]) / (tokens - 1)] * (tokens - 1)
+
+
+def error_body_message(body: bytes | str) -> str:
+    """The message of a non-200 answer: DJL's JSON record (pretty-printed or not), else the body's first line."""
+    data = body.encode() if isinstance(body, str) else body
+    answer = read_stream([(0.0, data)])
+    if answer.error and not answer.error.startswith(("not JSON", "not a JSON line", "unknown answer")):
+        return answer.error
+    text = data.decode("utf-8", "replace")
+    return (text.strip().splitlines() or [""])[0][:500]
 
 
 def read_stream(chunks: Iterable[tuple[float, bytes]]) -> TokenStream:
@@ -151,7 +291,7 @@ def sagemaker_chunks(body) -> Iterator[bytes]:
     """PayloadPart bytes of an InvokeEndpointWithResponseStream body, as they arrive.
 
     botocore raises EventStreamError (a ClientError: ModelStreamError, InternalStreamFailure) itself while
-    iterating; an event dict carrying one of those keys (a hand-made stream) is turned into StreamFailed.
+    iterating a real stream; an event dict carrying one of those keys is turned into StreamFailed.
     """
     for event in body:
         if "PayloadPart" in event:

@@ -13,6 +13,8 @@ request batches sent over one keep-alive connection. Methods:
 Without --model-dir it builds a random-weight model on the repository's tokenizer: `--preset base`
 (RoBERTa-base's 12 x 768, the size that is deployed; the default) or `tiny` (2 x 64, the test model). Random
 weights cost the same compute as trained ones. Timings are printed, never asserted. Needs `make serving-stack`.
+SIGTERM or Ctrl-C (to the process or its group, once or repeated) stops the stack that is running and removes
+the temporary files; exit status 0 after SIGTERM, 130 after SIGINT (`inference.processes`).
 
     python -m inference.sentiment.benchmark_handler                        # base size, about 6 min on 2 cores
     python -m inference.sentiment.benchmark_handler --preset tiny --requests 20
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -32,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference import processes
 from inference.cli_types import non_negative_int, positive_int, positive_int_list
 
 PROG = "python -m inference.sentiment.benchmark_handler"
@@ -119,6 +123,7 @@ def run_method(archive: Path, quantize: str, plan: dict[int, list[list[str]]], w
 
     results = {}
     with LocalStack(archive, quantize=quantize, log=log, extra_env=extra_env) as stack:
+        print(f"  serving {archive.name} at {stack.url} (quantize={quantize})", flush=True)
         for batch_size, batches in plan.items():
             post_all(stack.url, batches[:warmup])
             latencies = post_all(stack.url, batches[warmup:])
@@ -230,6 +235,15 @@ def _load_average() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except processes.Stopped as stopped:  # the stack and the temporary folder are gone by now
+        print(f"{PROG}: stopped ({signal.Signals(stopped.signum).name})", flush=True)
+        return stopped.exit_status
+
+
+def _run(args) -> int:
+    print(f"{PROG}: starting (pid {os.getpid()}); Ctrl-C or SIGTERM stops", flush=True)
     _quiet_transformers()
     from inference.sentiment.local_stack import StackError
     from training.package import PackageError
@@ -253,4 +267,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    processes.install_stop_handlers()  # first: a signal while the model is built or a stack starts is handled too
+    processes.finish(main())

@@ -12,8 +12,13 @@ Differences from the endpoint, all about where things live: TorchServe listens o
 `--port`, management and metrics on free ports) instead of 0.0.0.0:8080; its config goes to a temporary file
 instead of `/etc/sagemaker-ts.properties`; its logs go to `<base>/logs`.
 
-SIGTERM or Ctrl-C stops TorchServe, its workers and the toolkit (their whole process group), removes the
-temporary folder and exits 0.
+Stopping (`inference.processes`): SIGTERM or Ctrl-C, to this process or to its process group, once or repeated,
+during start-up, while serving or during the clean-up, stops the toolkit, TorchServe and its workers (the toolkit
+gets SIGTERM and forwards it to TorchServe; whatever is left after that gets SIGTERM, then SIGKILL), removes the
+temporary folder (TorchServe's PID file included) and exits 0 after SIGTERM, 130 after SIGINT. The stack stays in
+our process group, so a signal to the group (or a SIGKILL) reaches all of it; it ignores SIGINT itself, so Ctrl-C
+stops it in that same order instead of interrupting the toolkit wherever it is. A TorchServe left running by an
+earlier crash is named at start with its PID and the command that stops it.
 
     python -m inference.sentiment.local_stack --model artifacts/model.tar.gz --port 8080
 """
@@ -34,14 +39,18 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from inference import processes
 from inference.sentiment.container import container_environment
 
 PROG = "python -m inference.sentiment.local_stack"
 ROOT = Path(__file__).resolve().parents[2]
 SERVING_VENV = ROOT / ".venv-serving"
 SERVING_PYTHON = SERVING_VENV / "bin" / "python"
-# The toolkit's entry point with its config file moved out of /etc (it is a module constant there).
+# The toolkit's entry point with its config file moved out of /etc (it is a module constant there). SIGINT ignored
+# (inherited by TorchServe and its workers): Ctrl-C reaches the whole group, and `LocalStack.stop` ends the stack.
 _TOOLKIT_ENTRY = """
+import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 import sys
 import sagemaker_pytorch_serving_container.torchserve as torchserve
 torchserve.TS_CONFIG_FILE = sys.argv[1]
@@ -96,6 +105,7 @@ class LocalStack:
         self.log = log
         self.process: subprocess.Popen | None = None
         self.base: Path | None = None
+        self.marker: bytes | None = None  # in the environment of every process of this stack
 
     @property
     def url(self) -> str:
@@ -114,6 +124,10 @@ class LocalStack:
             "TS_MANAGEMENT_ADDRESS": f"http://127.0.0.1:{free_port()}",
             "TS_METRICS_ADDRESS": f"http://127.0.0.1:{free_port()}",
             "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            # TorchServe's launcher writes its PID file to the temporary directory, Java its model copies to TEMP:
+            # both inside the folder that stop() removes, so a stopped stack leaves no file behind.
+            "TMPDIR": str(self.base / "tmp"),
+            "TEMP": str(self.base / "tmp"),
             "PATH": f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}",  # the toolkit runs `torchserve`
         })
         env.update(self.extra_env)
@@ -127,17 +141,19 @@ class LocalStack:
         running = torchserve_pids()
         if running:
             # torchserve.py `_retrieve_ts_server_process` finds TorchServe by command line, machine-wide.
-            raise StackError(f"TorchServe already runs here (pid {', '.join(map(str, running))}); the toolkit "
-                             "supports one per machine: stop it first")
+            raise StackError("TorchServe already runs on this machine, and the toolkit supports one per machine: "
+                             + "; ".join(processes.describe(pid) for pid in running))
         self.base = Path(tempfile.mkdtemp(prefix="local-stack-"))
         try:
             extract(self.model, self.base / "model")
+            (self.base / "tmp").mkdir()
+            environment, self.marker = processes.mark(self.environment())
             output = open(self.log, "ab") if self.log else None  # noqa: SIM115 (closed below); None: inherit
             try:
+                # In our process group, so a signal to the group or a SIGKILL of it reaches every part of the stack.
                 self.process = subprocess.Popen(
                     [str(self.python), "-c", _TOOLKIT_ENTRY, str(self.base / "ts.properties")],
-                    cwd=self.base, env=self.environment(), stdout=output, stderr=subprocess.STDOUT if output else None,
-                    start_new_session=True,  # its own process group: TorchServe and workers stop with it
+                    cwd=self.base, env=environment, stdout=output, stderr=subprocess.STDOUT if output else None,
                 )
             finally:
                 if self.log:
@@ -169,28 +185,17 @@ class LocalStack:
         """Stop as SageMaker stops the container, then make sure; finally remove the temporary folder.
 
         SIGTERM goes to the toolkit, which forwards it to TorchServe (torchserve.py `_add_sigterm_handler`):
-        TorchServe stops its workers and exits, then the toolkit exits (about 5 s on 2 cores). Whatever is
-        left of the process group after `timeout` (say the toolkit died before installing its handler) gets
-        SIGTERM, then SIGKILL.
+        TorchServe stops its workers and exits, then the toolkit exits (about 5 s on 2 cores). Whatever of the
+        stack is left after `timeout`, or once the toolkit is gone (say it died before installing its handler),
+        gets SIGTERM, then SIGKILL (`processes.stop_tree`). No stop signal interrupts this; safe to call again.
         """
-        if self.process is not None:
-            pgid = self.process.pid
-            with suppress(ProcessLookupError):
-                os.kill(pgid, signal.SIGTERM)
-            for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10), (None, 0)):
-                deadline = time.monotonic() + wait
-                while time.monotonic() < deadline and _group_alive(pgid, self.process):
-                    time.sleep(0.1)
-                if sig is None or not _group_alive(pgid, self.process):
-                    break
-                with suppress(ProcessLookupError):
-                    os.killpg(pgid, sig)
-            with suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=5)
-            self.process = None
-        if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)
-            self.base = None
+        with processes.shielded():
+            if self.process is not None:
+                processes.stop_tree(self.process, marker=self.marker, grace=timeout)
+                self.process = None
+            if self.base is not None:
+                shutil.rmtree(self.base, ignore_errors=True)
+                self.base = None
 
     def __enter__(self) -> LocalStack:
         return self.start()
@@ -210,28 +215,6 @@ def torchserve_pids() -> list[int]:
     return pids
 
 
-def _group_alive(pgid: int, leader: subprocess.Popen) -> bool:
-    leader.poll()  # reap the leader so a zombie does not count
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # Only zombies left (TorchServe's launcher may leave one until init reaps it)?
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[2]) == pgid and fields[0] != "Z":
-                    return True
-    return False
-
-
-class _Stopped(Exception):
-    """SIGTERM or SIGINT arrived."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -249,19 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. Run as a program, the stop handlers are installed before this runs (see the end)."""
     args = build_parser().parse_args(argv)
     if args.workers < 1 or (args.vcpus is not None and args.vcpus < 1):
         print(f"{PROG}: error: --workers and --vcpus must be at least 1", file=sys.stderr)
         return 2
-
-    def stop(signum, _frame):
-        raise _Stopped  # also ends a start-up still waiting for /ping; the finally block cleans up
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     stack = LocalStack(args.model, port=args.port, workers=args.workers, vcpus=args.vcpus,
                        max_batch=args.max_batch, quantize=args.quantize, log=args.log)
+    status = 1
     try:
+        print(f"{PROG}: starting TorchServe and the toolkit on port {stack.port} (pid {os.getpid()}); "
+              "Ctrl-C or SIGTERM stops", flush=True)
         stack.start()
         print(f"serving {args.model} at {stack.url}/invocations (TorchServe + toolkit, "
               f"{args.workers} worker(s), OMP_NUM_THREADS={stack.environment()['OMP_NUM_THREADS']}); "
@@ -269,18 +250,21 @@ def main(argv: list[str] | None = None) -> int:
         while stack.process.poll() is None:
             time.sleep(0.2)
         print(f"{PROG}: error: the stack exited with status {stack.process.returncode}", file=sys.stderr)
-        return 1
-    except _Stopped:
+    except processes.Stopped:
         pass
     except StackError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        stack.stop()
-    return 0
+        with processes.shielded():
+            if processes.received() is not None:
+                print(f"{PROG}: stopping ({signal.Signals(processes.received()).name})", flush=True)
+            stack.stop()
+    if processes.received() is not None:
+        print(f"{PROG}: stopped", flush=True)
+        return processes.exit_status(processes.received())
+    return status
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    processes.install_stop_handlers()  # first: a signal during start-up is handled too
+    processes.finish(main())

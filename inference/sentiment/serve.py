@@ -9,6 +9,10 @@ latencies are lower than the endpoint's; measure speed with `make bench-handler`
 the container loads it: `<model dir>/code/inference.py` when the archive carries one, else this repository's
 `inference/sentiment/inference.py`. `--model-dir` takes a saved model directory or a `model.tar.gz`.
 
+SIGTERM or Ctrl-C, to the process or its group, once or repeated, while the model loads or while serving, stops
+it (`inference.processes`): the port is closed, an extracted archive removed, and it exits 0 after SIGTERM, 130
+after SIGINT.
+
     python -m inference.sentiment.serve --model-dir artifacts/model.tar.gz --port 8080
 """
 
@@ -30,6 +34,8 @@ import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
+
+from inference import processes
 
 LOG = logging.getLogger("inference.sentiment.serve")
 PROG = "python -m inference.sentiment.serve"
@@ -116,14 +122,18 @@ class Handler:
 
     def __init__(self, model_dir: str | Path):
         self.model_dir, self._workdir = resolve_model_dir(model_dir)
-        self.module = load_handler_module(self.model_dir)
-        for hook in ("model_fn", "input_fn", "predict_fn", "output_fn"):
-            if not callable(getattr(self.module, hook, None)):
-                raise ModelDirError(f"{self.module.__file__}: no {hook}()")
-        started = time.perf_counter()
-        self.model = self.module.model_fn(str(self.model_dir))
-        self.load_seconds = time.perf_counter() - started
-        self.transformer = self._transformer()
+        try:
+            self.module = load_handler_module(self.model_dir)
+            for hook in ("model_fn", "input_fn", "predict_fn", "output_fn"):
+                if not callable(getattr(self.module, hook, None)):
+                    raise ModelDirError(f"{self.module.__file__}: no {hook}()")
+            started = time.perf_counter()
+            self.model = self.module.model_fn(str(self.model_dir))
+            self.load_seconds = time.perf_counter() - started
+            self.transformer = self._transformer()
+        except BaseException:  # a bad model, or a stop signal while loading: no extracted archive left behind
+            self.close()
+            raise
         # One request at a time: torch already spreads each forward pass over every thread it was given.
         self._lock = threading.Lock()
 
@@ -273,34 +283,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. Run as a program, the stop handlers are installed before this runs (see the end)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    server = None
     try:
-        server = make_server(args.model_dir, args.host, args.port)
-    except ModelDirError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:
-        print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {error.strerror or error}", file=sys.stderr)
-        return 1
-
-    def stop(signum, _frame):
-        raise KeyboardInterrupt  # leaves serve_forever in this thread; shutdown() from here would deadlock
-
-    signal.signal(signal.SIGTERM, stop)
-    LOG.info("model from %s loaded in %.1f s (handler %s, %d threads); listening on %s",
-             args.model_dir, server.handler.load_seconds, server.handler.module.__file__,
-             getattr(server.handler.model, "threads", 0), server.url)
-    try:
+        LOG.info("loading the model from %s (pid %d); Ctrl-C or SIGTERM stops", args.model_dir, os.getpid())
+        try:
+            server = make_server(args.model_dir, args.host, args.port)
+        except ModelDirError as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(f"{PROG}: error: cannot listen on {args.host}:{args.port}: {error.strerror or error}",
+                  file=sys.stderr)
+            return 1
+        LOG.info("model from %s loaded in %.1f s (handler %s, %d threads); listening on %s",
+                 args.model_dir, server.handler.load_seconds, server.handler.module.__file__,
+                 getattr(server.handler.model, "threads", 0), server.url)
         server.serve_forever()
-    except KeyboardInterrupt:
-        LOG.info("stopping")
+    except processes.Stopped as stopped:
+        LOG.info("stopping (%s)", signal.Signals(stopped.signum).name)
     finally:
-        server.server_close()
+        with processes.shielded():
+            if server is not None:
+                server.server_close()
+    if processes.received() is not None:
+        LOG.info("stopped")
+        return processes.exit_status(processes.received())
     return 0
 
 
 if __name__ == "__main__":
+    # First, so a signal while the model loads is handled too. The first one raises `Stopped` in the main thread,
+    # which leaves serve_forever (shutdown() from a handler would deadlock); later ones are ignored.
+    processes.install_stop_handlers()
     status = main()
     # Skip interpreter finalization: with torch's thread pools and daemon request threads still around it
     # could abort (SIGABRT, exit -6) on a busy machine after a clean stop.

@@ -108,11 +108,40 @@ def _stub_quotas(stubber: Stubber, g_vcpus: float = 8, endpoint_quota: float = 2
         {"QuotaName": "ml.g5.48xlarge for endpoint usage", "Value": 0}]}, {"ServiceCode": "sagemaker"})
 
 
+class JsonBody:
+    """Matches a request body (bytes) that parses to `expected`: what the endpoint reads, whatever the spacing."""
+
+    def __init__(self, expected):
+        self.expected = expected
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, bytes | bytearray) and json.loads(other) == self.expected
+
+    def __repr__(self) -> str:
+        return f"JsonBody({self.expected!r})"
+
+
+def invoke_request(endpoint: str, payload) -> dict:
+    """InvokeEndpoint as the handler's and LMI's contracts want it: JSON in, JSON out."""
+    return {"EndpointName": endpoint, "ContentType": "application/json", "Accept": "application/json",
+            "Body": JsonBody(payload)}
+
+
+# The recipe's sanity sentence first (expected: negative), then the other three the tool sends.
+SENTENCES = ["Covid cases are increasing fast!", "What a wonderful morning, the sun is out.",
+             "The meeting is at 3pm in room 4.", "This update broke everything again."]
+# LMI answers only max_new_tokens tokens (default 30): the request must always carry it.
+FALCON_REQUEST = {"inputs": "Write one sentence about why load testing matters:", "parameters": {"max_new_tokens": 48}}
+
+
 def _stub_endpoints(stubber: Stubber) -> None:
-    stubber.add_response("invoke_endpoint", {"Body": _body([[{"label": "negative", "score": 0.9}]] * 4),
-                                             "ContentType": "application/json"})
+    labels = ["negative", "positive", "neutral", "negative"]
+    stubber.add_response("invoke_endpoint", {"Body": _body([[{"label": label, "score": 0.9}] for label in labels]),
+                                             "ContentType": "application/json"},
+                         invoke_request("smoke-sentiment", {"inputs": SENTENCES}))
     stubber.add_response("invoke_endpoint", {"Body": _body([{"generated_text": "Because users arrive at once."}]),
-                                             "ContentType": "application/json"})
+                                             "ContentType": "application/json"},
+                         invoke_request("smoke-falcon", FALCON_REQUEST))
 
 
 def run(world, stubs, argv=(), **runner_options):
@@ -127,6 +156,8 @@ def run(world, stubs, argv=(), **runner_options):
         status = smoke.main(list(argv), account=account, runner=runner,
                             loadtest=lambda args: loadtests.append(args) or 0, out=out,
                             sleep=clock.sleep, clock=clock, run_id="smoke-test-run")
+        quota_stub.assert_no_pending_responses()
+        runtime_stub.assert_no_pending_responses()
     return status, runner, loadtests, out.getvalue()
 
 
@@ -155,8 +186,11 @@ def test_happy_path_deploys_in_order_with_the_right_overrides_and_tears_everythi
     assert [args[args.index("--endpoint") + 1] for args in loadtests] == ["smoke-sentiment", "smoke-falcon"]
     assert "--shape" in loadtests[1] and "32x128" in loadtests[1]
     assert "step: train" in out  # the run's log is shown while waiting
-    assert "negative" in out and "Covid cases are increasing fast!" in out
-    assert "Because users arrive at once." in out
+    # Each sentence is shown with its own answer, in the order sent; the generated text is shown once.
+    assert [line.split()[2:] for line in out.splitlines() if line.strip().endswith(tuple(SENTENCES))] == [
+        ["negative", "0.900", *SENTENCES[0].split()], ["positive", "0.900", *SENTENCES[1].split()],
+        ["neutral", "0.900", *SENTENCES[2].split()], ["negative", "0.900", *SENTENCES[3].split()]]
+    assert out.count("falcon | Because users arrive at once.") == 1
     assert f"retained by design: artifact bucket {BUCKET}" in out
     assert "about $" in out and "per hour" in out
     summary = out[out.index("\nstep "):]
@@ -208,7 +242,8 @@ def test_only_falcon_deploys_the_base_and_falcon(world):
     def stubs(quota_stub, runtime_stub):
         quota_stub.add_response("list_service_quotas", {"Quotas": [
             {"QuotaName": "ml.g5.2xlarge for endpoint usage", "Value": 1}]}, {"ServiceCode": "sagemaker"})
-        runtime_stub.add_response("invoke_endpoint", {"Body": _body([{"generated_text": "ok then"}])})
+        runtime_stub.add_response("invoke_endpoint", {"Body": _body([{"generated_text": "ok then"}])},
+                                  invoke_request("smoke-falcon", FALCON_REQUEST))
 
     status, runner, loadtests, _ = run(world, stubs, ["--only", "falcon"])
     assert status == 0

@@ -195,7 +195,8 @@ def test_client_error_matches_the_toolkit_constructor(handler):
     error = handler.ClientError(413, "too big")
     assert (error.status_code, error.phrase) == (413, "Request Entity Too Large")
     assert isinstance(error, handler._ToolkitError)
-    toolkit = pytest.importorskip("sagemaker_inference.errors")
+    from sagemaker_inference import errors as toolkit
+
     assert isinstance(error, toolkit.GenericInferenceToolkitError)
     assert isinstance(error, toolkit.BaseInferenceToolkitError)
 

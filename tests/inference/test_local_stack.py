@@ -136,6 +136,7 @@ def test_what_is_not_a_model_is_refused(tmp_path):
 
 
 def test_a_second_stack_is_refused_while_one_runs(stack, archive):
-    assert local_stack.torchserve_pids()
-    with pytest.raises(local_stack.StackError, match="TorchServe already runs here"):
+    [pid] = local_stack.torchserve_pids()
+    with pytest.raises(local_stack.StackError, match=rf"already runs on this machine.*pid {pid} \(java .*"
+                                                     rf"stop it with: kill -TERM {pid}"):
         local_stack.LocalStack(archive).start()

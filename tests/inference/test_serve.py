@@ -128,39 +128,4 @@ def test_bad_model_dir_exits_2(tmp_path, capsys, kind):
     assert "error: --model-dir" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_cli_serves_an_archive_and_stops_cleanly_on_sigterm(archive):
-    """`python -m inference.sentiment.serve` as a user runs it: ready line, /ping, SIGTERM ends it with 0."""
-    import os
-    import re
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "inference.sentiment.serve", "--model-dir", str(archive), "--port", "0"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        cwd=serve.Path(serve.__file__).resolve().parents[2],
-    )
-    try:
-        deadline = time.monotonic() + 60
-        port = None
-        while port is None and time.monotonic() < deadline:
-            line = process.stderr.readline()
-            if not line:
-                break
-            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            port = int(match.group(1)) if match else None
-        assert port, "server did not report a port"
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        connection.request("GET", "/ping")
-        assert connection.getresponse().status == 200
-        connection.close()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
-        assert "stopping" in process.stderr.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+# How `python -m inference.sentiment.serve` stops on SIGTERM and SIGINT: tests/inference/test_signals.py.

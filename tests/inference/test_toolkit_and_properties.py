@@ -39,7 +39,8 @@ class _Context:
 @pytest.fixture(scope="module")
 def toolkit(handler, extracted):
     """The toolkit's Transformer, importing the shipped handler as the module named by SAGEMAKER_PROGRAM."""
-    transformer = pytest.importorskip("sagemaker_inference.transformer")
+    from sagemaker_inference import transformer
+
     saved = sys.modules.get("inference")
     sys.modules["inference"] = handler  # the container imports code/inference.py as `inference`
     try:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import socket
+import sys
+import threading
 
 import pytest
 
@@ -77,22 +80,32 @@ def test_echoed_prompt_is_not_counted_as_output(fake_server, tmp_path):
     assert status == 0 and report["steps"][0]["output_total"] == 9
 
 
-def scripted(number, _payload):
-    """Every 5th request 503, the 2nd 429, the 3rd too slow for the client's timeout, the rest fine."""
-    if number % 5 == 0:
-        return 503, {"error": "busy"}, 0
-    if number == 2:
-        return 429, {"error": "slow down"}, 0
-    if number == 3:
-        return 200, {"generated_text": "late"}, 1.0
-    return 200, {"generated_text": "a b c"}, 0
+def scripted(release: threading.Event):
+    """Every 5th request 503, the 2nd 429, the 3rd held until the run is over (past any client timeout), the rest
+    fine. The held answer waits for an event, not a clock, so a loaded machine cannot turn a fast answer into a
+    timeout: the client's timeout (2 s) is far above a loopback answer's time and far below the hold."""
+    def respond(number, _payload):
+        if number % 5 == 0:
+            return 503, {"error": "busy"}, 0
+        if number == 2:
+            return 429, {"error": "slow down"}, 0
+        if number == 3:
+            release.wait(timeout=60)
+            return 200, {"generated_text": "late"}, 0
+        return 200, {"generated_text": "a b c"}, 0
+
+    return respond
 
 
 @pytest.mark.parametrize(("limit", "expected_status"), [(None, 1), ("0.5", 0)])
 def test_errors_are_counted_by_kind_and_decide_the_exit_status(fake_server, tmp_path, limit, expected_status):
-    fake_server.respond = scripted
-    argv = ["--url", fake_server.url, "--requests", "20", "--concurrency", "2", "--warmup", "0", "--timeout", "0.4"]
-    status, report = run(argv + (["--max-error-rate", limit] if limit else []), tmp_path)
+    release = threading.Event()
+    fake_server.respond = scripted(release)
+    argv = ["--url", fake_server.url, "--requests", "20", "--concurrency", "2", "--warmup", "0", "--timeout", "2"]
+    try:
+        status, report = run(argv + (["--max-error-rate", limit] if limit else []), tmp_path)
+    finally:
+        release.set()
     step = report["steps"][0]
     assert step["requests"] == 20 and step["ok"] == 14
     assert step["errors"] == {"throttled": 1, "4xx": 0, "5xx": 4, "timeout": 1, "connection": 0, "other": 0}
@@ -183,7 +196,18 @@ def test_help_and_usage_errors(capsys):
     assert "--compare needs --out" in capsys.readouterr().err
 
 
-def test_progress_bar_path_runs(fake_server, capsys):
-    # Under pytest stderr is not a terminal, so tqdm stays silent; the counting path still runs.
-    assert loadtest.main(["--url", fake_server.url, "--requests", "3", "--concurrency", "1,2"]) == 0
-    assert "\r" not in capsys.readouterr().err
+class _Terminal(io.StringIO):
+    """stderr as a terminal, so tqdm (disable=None: only on a terminal) draws its bar."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_draws_one_bar_per_step_on_a_terminal_and_none_without(fake_server, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert loadtest.main(["--url", fake_server.url, "--requests", "3", "--concurrency", "1,2", "--warmup", "0"]) == 0
+    drawn = sys.stderr.getvalue()
+    assert "\r" in drawn and "1 client" in drawn and "2 clients" in drawn and "/3" in drawn and "req" in drawn
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert loadtest.main(["--url", fake_server.url, "--requests", "3", "--warmup", "0", "--no-progress"]) == 0
+    assert "client" not in sys.stderr.getvalue() and "\r" not in sys.stderr.getvalue()

@@ -1,18 +1,31 @@
-"""Token streaming: LMI's JSON lines read from HTTP chunks and from SageMaker's event stream, and the figures
-(time to first token, inter-token latency, per-client tokens/s) they give, against the loopback fake LMI."""
+"""Answers as LMI sends them, per version and mode (bytes built by tests/fake_lmi.py from DJL Serving's formatter
+rules), cut at random PayloadPart boundaries, decoded by botocore's own event-stream parser, and read by
+inference.llm.stream; then the load test's figures from them."""
 
 from __future__ import annotations
 
 import csv
+import http.client
 import json
 
 import boto3
 import pytest
+from botocore.exceptions import EventStreamError
 from botocore.stub import ANY, Stubber
 
 from inference.llm import loadtest
-from inference.llm.stream import TokenStream, read_stream, sagemaker_chunks, stream_payload
-from tests.fake_lmi import FakeLmi, sagemaker_runtime
+from inference.llm.stream import (
+    chat_payload,
+    error_body_message,
+    read_stream,
+    sagemaker_chunks,
+    stream_payload,
+)
+from tests import fake_lmi
+from tests.fake_lmi import FakeLmi, botocore_events, generated, sagemaker_runtime
+
+VLLM_VERSIONS = ("0.33.0", "0.35.0", "0.36.0-lmi27")
+SEEDS = range(12)
 
 
 @pytest.fixture
@@ -25,81 +38,177 @@ def fake_aws(monkeypatch, tmp_path):
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-# --- reading the formats DJL Serving sends -----------------------------------------------------------------
-
-def test_jsonlines_split_anywhere_across_chunks_keeps_every_token_and_its_arrival():
-    lines = b'{"token": {"id": 1, "text": " a", "log_prob": -1}}\n{"token": {"id": 2, "text": " b"}}\n' \
-            b'{"token": {"id": 3, "text": " c"}, "generated_text": " a b c"}\n'
-    stream = read_stream([(0.1, lines[:10]), (0.2, lines[10:60]), (0.5, lines[60:])])
-    assert stream.texts == [" a", " b", " c"] and stream.final_text == " a b c" and stream.error is None
-    assert stream.times == [0.2, 0.5, 0.5] and stream.ttft == 0.2
-    assert stream.itl == pytest.approx([0.3, 0.0])
-
-
-def test_server_sent_events_old_outputs_format_and_a_last_line_without_newline():
-    sse = read_stream([(0.1, b'data: {"token": {"id": 1, "text": "x"}}\n\n'), (0.2, b'data: {"token": {"text": "y"}}')])
-    assert sse.texts == ["x", "y"] and sse.times == [0.1, 0.2]
-    old = read_stream([(0.3, b'{"outputs": [" one"]}\n{"outputs": [" two", " three"]}\n')])  # 0.23 jsonlines
-    assert old.texts == [" one", " two", " three"]
+def post(server: FakeLmi, payload: dict) -> tuple[int, bytes]:
+    """The container's raw answer, before SageMaker."""
+    connection = http.client.HTTPConnection(*server.server_address[:2], timeout=10)
+    try:
+        connection.request("POST", "/invocations", body=json.dumps(payload),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
 
 
-def test_error_token_special_tokens_and_a_whole_json_answer():
-    failed = read_stream([(0.1, b'{"token": {"text": " a"}}\n{"token": {"id": -1, "text": "", "error_msg": "OOM"},'
-                                b' "details": {"finish_reason": "error"}}\n')])
-    assert failed.error == "OOM"
-    special = read_stream([(0.1, b'{"token": {"text": "</s>", "special_token": true}}\n')])
-    assert special.texts == []
-    whole = read_stream([(0.4, b'{"generated_text": "no stream here"}')])
-    assert not whole.streamed and whole.ttft is None and whole.text == "no stream here"
-    garbage = TokenStream()
-    garbage.feed(0.1, b"<html>\n")
-    assert garbage.error.startswith("not a JSON line")
+def through_sagemaker(data: bytes, seed: int):
+    """`data` cut into random PayloadParts, parsed by botocore, read with one arrival time per part."""
+    parts = list(sagemaker_chunks(botocore_events(data, seed)))
+    assert b"".join(parts) == data
+    return read_stream([(0.01 * number, part) for number, part in enumerate(parts, 1)]), parts
 
 
-def test_stream_payload_always_sends_max_new_tokens_and_stream_only_when_asked():
+def test_random_cuts_fall_inside_lines_and_inside_utf8_characters():
+    data = b"".join(fake_lmi.vllm_line([fake_lmi.token(n)], [], n == 8) for n in range(1, 9))
+    inside_character = inside_line = False
+    for seed in SEEDS:
+        _answer, parts = through_sagemaker(data, seed)
+        ends = [part[-1] for part in parts[:-1]]
+        inside_character |= any(0x80 <= byte < 0xC0 or byte >= 0xC0 for byte in ends)
+        inside_line |= any(not part.endswith(b"\n") for part in parts[:-1])
+    assert inside_character and inside_line
+
+
+# --- every version x mode x output form, read whole and right ---------------------------------------------
+
+CASES = [(version, "dynamic", "json") for version in fake_lmi.VERSIONS] + \
+        [("0.23.0", "rolling", "json"), ("0.23.0", "rolling", "jsonlines")] + \
+        [(version, "rolling", "json") for version in VLLM_VERSIONS]
+
+
+@pytest.mark.parametrize(("version", "mode", "formatter"), CASES)
+@pytest.mark.parametrize("stream", [True, False])
+def test_each_version_and_mode_is_read_through_random_payload_parts(version, mode, formatter, stream):
+    with FakeLmi(mode, version=version, output_formatter=formatter, token_s=0.0005) as server:
+        status, data = post(server, stream_payload("Tell me", 9, stream))
+    assert status == 200
+    streams = mode == "rolling" and (formatter == "jsonlines" if version == "0.23.0" else stream)
+    for seed in SEEDS:
+        answer, _parts = through_sagemaker(data, seed)
+        assert answer.error is None, (seed, answer.error)
+        assert answer.streamed is streams and answer.whole is not streams
+        expected = ("Tell me" if mode == "dynamic" else "") + generated(9)
+        assert answer.text == expected  # multi-byte characters intact, whatever the cuts
+        if not streams:
+            assert answer.ttft is None and answer.itl(9) == []
+
+
+@pytest.mark.parametrize("version", fake_lmi.VERSIONS)
+def test_dynamic_batching_with_stream_true_is_one_pretty_printed_document(version):
+    """The held-out failure: `"stream": true` on dynamic batching gets Output._encode_json's indent=2 answer."""
+    with FakeLmi("dynamic", version=version, token_s=0.0005) as server:
+        _status, data = post(server, stream_payload("Hi", 4, True))
+    assert data.startswith(b"[\n  {\n") and data.count(b"\n") >= 4
+    for seed in SEEDS:
+        answer, _ = through_sagemaker(data, seed)
+        assert answer.whole and answer.final_text == "Hi" + generated(4) and answer.error is None
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_engine_failure_after_the_200_is_an_error_with_djls_message(version):
+    with FakeLmi("rolling", version=version, token_s=0.0005) as server:
+        server.fail_streams(1, after=3)
+        status, data = post(server, stream_payload("Hi", 8, True))
+    assert status == 200 and data.endswith(b'"cancelled":false}')
+    for seed in SEEDS:
+        answer, _ = through_sagemaker(data, seed)
+        assert answer.error == "Inference Engine Failure (code 500)"
+        assert answer.text == generated(3)  # what came before the failure is kept, and is not an answer
+
+
+@pytest.mark.parametrize("formatter", ["json", "jsonlines"])
+def test_lmi_dist_failure_record_counts_even_with_code_200(formatter):
+    with FakeLmi("rolling", version="0.23.0", output_formatter=formatter, token_s=0.0005) as server:
+        server.fail_streams(1, after=2)
+        _status, data = post(server, stream_payload("Hi", 8, False))
+    for seed in SEEDS:
+        answer, _ = through_sagemaker(data, seed)
+        assert answer.error == "Batch inference failed (code 200)"
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_merged_lines_are_counted_in_tokens_never_in_lines(version):
+    with FakeLmi("rolling", version=version, merge=3, token_s=0.0005) as server:
+        _status, data = post(server, stream_payload("Hi", 10, True))
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    assert len(lines) == 4  # 3 + 3 + 3 + 1 tokens
+    for seed in SEEDS:
+        answer, _ = through_sagemaker(data, seed)
+        assert answer.token_ids == 4 and len(answer.texts) == 4  # what counting lines or ids would claim
+        tokens = loadtest.WordCounter()(answer.text)
+        assert tokens == 10 and answer.text == generated(10)
+        assert len(answer.itl(tokens)) == 9
+
+
+@pytest.mark.parametrize("version", fake_lmi.VERSIONS)
+@pytest.mark.parametrize("mode", ["dynamic", "rolling"])
+def test_a_handler_error_before_the_answer_keeps_djls_message(version, mode):
+    with FakeLmi(mode, version=version) as server:
+        server.fail_next(1, error="CUDA out of memory")
+        status, data = post(server, stream_payload("Hi", 4, True))
+    assert status == 424
+    message = error_body_message(data)
+    assert "CUDA out of memory" in message
+    if mode == "dynamic" or version == "0.23.0":  # Output.error, pretty-printed by outputs.py
+        assert data.startswith(b"{\n  \"code\":424,")
+        assert message.startswith("prediction failure" if version == "0.23.0" else "invoke handler failure")
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_chat_completions_stream_and_whole(version):
+    with FakeLmi("rolling", version=version, merge=2, token_s=0.0005) as server:
+        _status, streamed = post(server, chat_payload("Hi", 5, True))
+        _status, whole = post(server, chat_payload("Hi", 5, False))
+    for seed in SEEDS:
+        answer, _ = through_sagemaker(streamed, seed)
+        assert answer.streamed and answer.text == generated(5) and answer.error is None
+    whole_answer = read_stream([(0.1, whole)])
+    assert whole_answer.whole and whole_answer.text == generated(5) and whole_answer.reported_tokens == 5
+
+
+def test_sagemaker_raises_model_stream_error_only_with_its_own_codes():
+    data = b"".join(fake_lmi.vllm_line([fake_lmi.token(n)], [], False) for n in range(1, 5))
+    for code in fake_lmi.SAGEMAKER_STREAM_ERRORS:
+        with pytest.raises(EventStreamError, match="ModelStreamError"):
+            list(sagemaker_chunks(botocore_events(data, 1, code)))
+    with pytest.raises(ValueError, match="ModelInvocationTimeExceeded or StreamBroken"):
+        fake_lmi.model_stream_error("ModelError")
+
+
+def test_payload_forms():
     assert stream_payload("hi", 7, False) == {"inputs": "hi", "parameters": {"max_new_tokens": 7}}
     assert stream_payload("hi", 7, True)["stream"] is True
+    assert chat_payload("hi", 7, True) == {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7,
+                                           "stream": True}
 
 
-def test_hand_made_stream_errors_become_stream_failed():
-    from inference.llm.stream import StreamFailed
+# --- the load test over these answers -------------------------------------------------------------------------
 
-    chunks = sagemaker_chunks([{"PayloadPart": {"Bytes": b"a"}},
-                               {"ModelStreamError": {"Message": "broken", "ErrorCode": "X"}}])
-    assert next(chunks) == b"a"
-    with pytest.raises(StreamFailed, match="ModelStreamError X: broken"):
-        next(chunks)
-
-
-# --- end to end against the fake LMI -----------------------------------------------------------------------
-
-def test_streamed_http_run_reports_ttft_itl_and_exact_token_counts(tmp_path, capsys):
-    with FakeLmi("rolling", max_rolling=8, prefill_s=0.02, token_s=0.004) as server:
+def test_streamed_http_run_counts_tokens_not_lines_under_merging(tmp_path, capsys):
+    with FakeLmi("rolling", version="0.36.0-lmi27", merge=2, max_rolling=8, prefill_s=0.02, token_s=0.004) as server:
         status = loadtest.main(["--url", server.url, "--stream", "--shape", "8x12", "--concurrency", "1,4",
                                 "--requests", "8", "--warmup", "1", "--out", str(tmp_path), "--no-progress"])
         batches = list(server.batches)
         payloads = list(server.payloads)
     assert status == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["stream"] is True and "one per token line" in report["token_counter"] and report["unit"] == "tokens"
+    assert report["stream"] is True and report["unit"] == "words"
+    assert report["token_counter"] == "whitespace words" and "never one per streamed line" in report["token_count_rule"]
     for step in report["steps"]:
         assert step["ok"] == 8 and step["streamed_requests"] == 8
-        assert step["output_total"] == 8 * 12  # one per token line, not a guess from words
-        # The first token waits for the prefill, later ones only for a decode step.
+        assert step["output_total"] == 8 * 12  # 6 lines per answer, 12 tokens
         assert 0.02 <= step["ttft_s"]["p50"] < step["latency_s"]["p50"]
         assert step["itl_s"]["p50"] < step["ttft_s"]["p50"]
-        assert step["client_output_per_s"]["p50"] == pytest.approx(12 / step["latency_s"]["p50"], rel=0.3)
-    assert max(batches) > 1  # four clients decoded together: continuous batching happened
+    assert max(batches) > 1
     assert all(p["stream"] is True and p["parameters"]["max_new_tokens"] == 12 for p in payloads)
     rows = list(csv.DictReader((tmp_path / "report.csv").open()))
     assert rows[0]["ttft_p90_s"] and rows[0]["itl_p99_s"] and rows[1]["client_output_per_s_p50"]
-    assert (tmp_path / "report.png").stat().st_size > 0
     table = capsys.readouterr().out
-    assert "ttft p50 s" in table and "itl p90 ms" in table and "tok/s/client" in table
+    assert "ttft p50 s" in table and "itl p90 ms" in table
 
 
-def test_dynamic_batching_answers_whole_and_the_report_says_so(tmp_path, capsys):
-    with FakeLmi("dynamic", batch_size=4, max_batch_delay_s=0.05, token_s=0.001) as server:
+@pytest.mark.parametrize("version", fake_lmi.VERSIONS)
+def test_dynamic_batching_answers_whole_and_the_report_says_so(version, capsys):
+    with FakeLmi("dynamic", version=version, batch_size=4, max_batch_delay_s=0.05, token_s=0.001) as server:
         status = loadtest.main(["--url", server.url, "--stream", "--shape", "8x6", "--concurrency", "4",
                                 "--requests", "8", "--warmup", "0", "--no-progress"])
         batches = list(server.batches)
@@ -108,41 +217,48 @@ def test_dynamic_batching_answers_whole_and_the_report_says_so(tmp_path, capsys)
     assert "8 successful answers came whole, not as a token stream" in table
 
 
-def test_failures_before_and_during_the_stream_are_counted_by_kind():
-    with FakeLmi("rolling", token_s=0.002) as server:
-        server.fail_next(1, status=503)
-        server.fail_streams(1)
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_failures_before_and_after_the_200_are_server_errors_with_djls_message(version):
+    with FakeLmi("rolling", version=version, token_s=0.002) as server:
+        server.fail_next(1, error="bad input")
         target = loadtest.HttpTarget(server.url, timeout=10, stream=True)
         workload = loadtest.llm_workload(8, 5, loadtest.WordCounter(), stream=True)
-        step = loadtest.run_step(target, workload, concurrency=1, requests=4, warmup=0)
-    assert step["errors"]["5xx"] == 2 and step["ok"] == 2
-    assert step["error_examples"]["5xx"].startswith("HTTP 503")
+        step = loadtest.run_step(target, workload, concurrency=1, requests=2, warmup=0)
+        server.fail_streams(1, after=2)
+        after = loadtest.run_step(target, workload, concurrency=1, requests=2, warmup=0)
+    assert step["errors"]["4xx"] == 1 and step["error_examples"]["4xx"] == "HTTP 424: bad input"
+    assert after["errors"]["5xx"] == 1 and after["ok"] == 1
+    assert after["error_examples"]["5xx"] == "error in the answer: Inference Engine Failure (code 500)"
 
 
 def test_sagemaker_response_stream_through_botocores_own_event_stream_parser(fake_aws):
     calls: list = []
-    with FakeLmi("rolling", prefill_s=0.01, token_s=0.003) as server:
-        client = sagemaker_runtime(server, calls=calls)
-        target = loadtest.SageMakerTarget("falcon", client=client, stream=True)
+    with FakeLmi("rolling", version="0.33.0", merge=3, prefill_s=0.01, token_s=0.003) as server:
+        client = sagemaker_runtime(server, calls=calls, seed=7, stream_errors=[None, "StreamBroken"])
+        target = loadtest.SageMakerTarget("llm", client=client, stream=True)
         workload = loadtest.llm_workload(8, 10, loadtest.WordCounter(), stream=True)
-        server.fail_next(1, status=503)
-        server.fail_streams(1)
-        step = loadtest.run_step(target, workload, concurrency=2, requests=6, warmup=0)
-    assert step["ok"] == 4 and step["errors"]["5xx"] == 2 and step["streamed_requests"] == 4
-    assert step["output_total"] == 40 and step["ttft_s"]["p50"] > 0.01
+        server.fail_next(1)
+        server.fail_streams(1, after=4)
+        step = loadtest.run_step(target, workload, concurrency=1, requests=6, warmup=0)
+    # 424 from the handler (ModelError), DJL's record after the 200, then SageMaker's StreamBroken.
+    assert step["ok"] == 3 and step["errors"]["4xx"] == 1 and step["errors"]["5xx"] == 2
+    assert step["streamed_requests"] == 3
+    assert step["output_total"] == 30 and step["ttft_s"]["p50"] > 0.01
     assert {kind for kind, *_ in calls} == {"stream"}
     accepts = {headers.get("X-Amzn-SageMaker-Accept") for _, _, headers, _ in calls}
     assert accepts == {b"application/jsonlines"}, accepts
-    assert all(body["stream"] is True and body["parameters"]["max_new_tokens"] == 10 for *_, body in calls)
-    assert step["error_examples"]["5xx"].startswith("ModelError: Received server error (503)")
+    assert step["error_examples"]["4xx"].startswith("ModelError: Received server error (424)")
+    assert step["error_examples"]["5xx"] == "error in the answer: Inference Engine Failure (code 500)"
 
 
-def test_a_failure_inside_the_sagemaker_stream_is_a_server_error(fake_aws):
-    with FakeLmi("rolling", token_s=0.002) as server:
-        target = loadtest.SageMakerTarget("falcon", client=sagemaker_runtime(server), stream=True)
-        server.fail_streams(1)
-        outcome = target.invoke(json.dumps(stream_payload("hello", 5, True)).encode())
-    assert outcome.error == "5xx" and outcome.detail == "ModelStreamError: Model stream error: engine failed"
+def test_chat_form_through_the_load_test(fake_aws):
+    with FakeLmi("rolling", version="0.36.0-lmi27", merge=2, token_s=0.001) as server:
+        target = loadtest.SageMakerTarget("llm", client=sagemaker_runtime(server, seed=3), stream=True)
+        workload = loadtest.llm_workload(8, 6, loadtest.WordCounter(), stream=True, chat=True)
+        step = loadtest.run_step(target, workload, concurrency=2, requests=4, warmup=0)
+        payloads = list(server.payloads)
+    assert step["ok"] == 4 and step["output_total"] == 24 and step["streamed_requests"] == 4
+    assert all(p["messages"][0]["role"] == "user" and p["max_tokens"] == 6 and p["stream"] for p in payloads)
 
 
 def test_stubbed_response_stream_call_has_the_api_s_parameters_and_model_errors_are_classified(fake_aws):
@@ -158,8 +274,10 @@ def test_stubbed_response_stream_call_has_the_api_s_parameters_and_model_errors_
     assert outcome.error == "4xx" and "ModelError" in outcome.detail
 
 
-def test_a_whole_answer_in_json_lines_is_still_read():
-    """LMI 0.23 with option.output_formatter=jsonlines answers plain requests in JSON lines too."""
+def test_a_plain_request_answered_in_chunks_by_lmi_dist_is_read_whole():
+    """LMI 0.23 rolling answers every request in chunks; jsonlines lines read at once give the same text."""
     workload = loadtest.llm_workload(4, 3, loadtest.WordCounter())
-    _output, texts, problem = workload.read(workload.payloads[0], b'{"outputs": [" a"]}\n{"outputs": [" b c"]}\n')
-    assert problem is None and texts == [" a b c"]
+    sample = loadtest.Sample(0.1)
+    texts, answer = workload.read(workload.payloads[0], [(0.1, b'{"outputs": [" a"]}\n{"outputs": [" b c"]}\n')],
+                                  sample)
+    assert sample.error is None and texts == [" a b c"] and answer is not None

@@ -17,6 +17,8 @@ DESCRIPTION = """The Falcon recipe's LMI (DJL Serving) configuration: rendered o
     python -m inference.llm.lmi render --env prod > serving.properties
     python -m inference.llm.lmi render --env prod --format env
     python -m inference.llm.lmi sizing --instance-type ml.g5.24xlarge --tensor-parallel-degree 4
+    python -m inference.llm.lmi sizing --model-config path/to/config.json --model-id org/model --dtype bf16
+    python -m inference.llm.lmi stage --model-id org/model --revision <commit> --s3-uri s3://bucket/models/x/
 """
 
 _SETTING_FLAGS = [f.name for f in dataclasses.fields(FalconSettings) if f.name != "enabled"]
@@ -35,11 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     render_command.add_argument("--format", choices=("properties", "env"), default="properties",
                                 help="serving.properties (default) or the environment variables the endpoint gets")
     commands.add_parser("sizing", parents=[common], help="print GPU memory per GPU and the largest batch")
+    commands.add_parser("stage", add_help=False,
+                        help="copy a pinned hub revision to S3 for network-isolated serving (stage --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Exit status 0: fine; 1: the settings cannot run (one `error:` line on stderr); 2: usage."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["stage"]:
+        from inference.llm.lmi.stage import main as stage_main
+
+        return stage_main(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:

@@ -38,6 +38,10 @@ def render(falcon: FalconSettings) -> dict[str, str]:
         "option.model_loading_timeout": str(falcon.model_loading_timeout_s),
         **chosen.properties,
     })
+    if falcon.max_concurrent_requests is not None:
+        # LMI's MAX_CONCURRENT_REQUESTS is job_queue_size (user_guides/starting-guide.md), which ModelInfo.java
+        # reads per model (default 1000, the server's SERVING_JOB_QUEUE_SIZE).
+        props["job_queue_size"] = str(falcon.max_concurrent_requests)
     if falcon.batching == "dynamic":
         props["batch_size"] = str(falcon.batch_size)
         props["max_batch_delay"] = str(falcon.max_batch_delay_ms)
@@ -50,6 +54,13 @@ def render(falcon: FalconSettings) -> dict[str, str]:
         props["option.gpu_memory_utilization"] = f"{falcon.gpu_memory_utilization:g}"
         if falcon.max_rolling_batch_prefill_tokens < max_model_len:
             props["option.enable_chunked_prefill"] = "true"
+        # vLLM pass-through options (user_guides/vllm_user_guide.md, "Advanced vLLM Configurations"): DJL hands
+        # an option.X to vLLM when X is one of its EngineArgs (checked in vllm.py).
+        if falcon.enable_prefix_caching is not None:
+            props["option.enable_prefix_caching"] = _flag(falcon.enable_prefix_caching)
+        for item in falcon.vllm_args:
+            name, _, value = item.partition("=")
+            props["option." + name.strip()] = value.strip()
     if chosen.runtime == LMI_DIST and falcon.output_formatter != "json":
         props["option.output_formatter"] = falcon.output_formatter
     return props

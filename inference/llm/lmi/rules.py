@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from inference.llm.lmi.hardware import gpu_instance
-from inference.llm.lmi.models import CATALOGUE, architecture
+from inference.llm.lmi.models import CATALOGUE, architecture, from_config_file
 from inference.llm.lmi.sizing import check_memory
 from inference.llm.lmi.versions import LMI_DIST, VLLM, backend, container
+from inference.llm.lmi.vllm import check_prefix_caching, check_vllm_args, check_vllm_engine
 from settings import FalconSettings, SettingsError
 
 TIMEOUT_RANGE = (60, 3600)
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(FalconSettings)}
+_DEFAULTS = dataclasses.asdict(FalconSettings())
 _ROLLING_KEYS = ("max_rolling_batch_size", "max_rolling_batch_prefill_tokens")
 _DYNAMIC_KEYS = ("batch_size", "max_batch_delay_ms")
 
@@ -74,14 +75,46 @@ def check_revision_is_for_the_hub(falcon: FalconSettings) -> None:
 
 
 def check_engine_is_known_on_023(falcon: FalconSettings) -> None:
-    """0.23 infers the engine from the model's config.json before it reads OPTION_ENGINE (LmiUtils.java)."""
-    if container(falcon.lmi_version).engine_from_environment or falcon.model_id in CATALOGUE:
+    """0.23 infers the engine from the model's config.json before it reads OPTION_ENGINE (LmiUtils.java), and its
+    transformers (4.30.2) and lmi-dist were read for Falcon only: 0.23 serves the recipe's Falcon models."""
+    if container(falcon.lmi_version).engine_from_environment:
         return
+    if falcon.model_id in CATALOGUE and not falcon.model_config and CATALOGUE[falcon.model_id].model_type == "falcon":
+        return
+    falcons = ", ".join(sorted(m for m, a in CATALOGUE.items() if a.model_type == "falcon"))
     raise SettingsError(
         "falcon.model_id", falcon.model_id,
-        f"a catalogue model ({', '.join(sorted(CATALOGUE))}) with lmi_version {falcon.lmi_version}: it picks the "
-        "engine from the model's config.json before it reads OPTION_ENGINE, and only Falcon's model type is known "
-        "here to pick Python")
+        f"a Falcon catalogue model ({falcons}) with lmi_version {falcon.lmi_version}: it picks the engine from the "
+        "model's config.json before it reads OPTION_ENGINE, and only Falcon's path through 0.23 was read; use "
+        "0.33.0 or later for other models")
+
+
+def check_concurrency(falcon: FalconSettings) -> None:
+    """MAX_CONCURRENT_REQUESTS (job_queue_size) "should be greater than or equal to MAX_BATCH_SIZE"
+    (serving/docs/lmi/user_guides/starting-guide.md): a smaller queue cannot fill the batch."""
+    if falcon.max_concurrent_requests is None:
+        return
+    batch_setting = "batch_size" if falcon.batching == "dynamic" else "max_rolling_batch_size"
+    batch = getattr(falcon, batch_setting)
+    if falcon.max_concurrent_requests < batch:
+        raise SettingsError("falcon.max_concurrent_requests", falcon.max_concurrent_requests,
+                            f"at least falcon.{batch_setting} ({batch}): LMI queues requests up to this number, so a "
+                            "smaller one never fills a batch")
+
+
+def check_hf_token(falcon: FalconSettings) -> None:
+    """The token is for hub downloads; LMI 0.23 prints every HF_* variable at start, the token too
+    (serving/.../util/ConfigManager.java dumpConfigurations at 0.23.0-dlc; 0.33+ print HF_TOKEN as ***)."""
+    if falcon.hf_token_secret is None:
+        return
+    if falcon.model_s3_uri:
+        raise SettingsError("falcon.hf_token_secret", falcon.hf_token_secret,
+                            "unset with falcon.model_s3_uri: the container reads the weights from /opt/ml/model and "
+                            "never asks the hub")
+    if not container(falcon.lmi_version).engine_from_environment:
+        raise SettingsError("falcon.hf_token_secret", falcon.hf_token_secret,
+                            f"unset with lmi_version {falcon.lmi_version}: it logs HF_TOKEN in plain text at start "
+                            "(ConfigManager.java); stage the weights in S3 instead (python -m inference.llm.lmi stage)")
 
 
 def check_prefill_holds_a_prompt(falcon: FalconSettings) -> None:
@@ -118,6 +151,20 @@ def check_tensor_parallel(falcon: FalconSettings) -> None:
                             f"a divisor or multiple of the {arch.kv_heads} KV heads of {falcon.model_id}")
 
 
+def config_names_another_model(falcon: FalconSettings) -> list[str]:
+    """falcon.model_config sizes and checks the model; a catalogue model_id of another type then deploys a model the
+    checks never saw (sizing one config file alone, with model_id left at its default, is fine)."""
+    if not falcon.model_config or falcon.model_id not in CATALOGUE:
+        return []
+    config_type = from_config_file(falcon.model_config).model_type
+    catalogue_type = CATALOGUE[falcon.model_id].model_type
+    if config_type == catalogue_type:
+        return []
+    return [f"falcon.model_config is a {config_type or 'model without model_type'} config.json, but falcon.model_id "
+            f"{falcon.model_id} is a {catalogue_type} model: the checks used the config file, the endpoint would "
+            "serve model_id; set falcon.model_id to the config's model"]
+
+
 def check(falcon: FalconSettings) -> list[str]:
     """Every rule, cheapest first; raises SettingsError on the first failure, returns warnings."""
     check_timeouts(falcon)
@@ -129,7 +176,13 @@ def check(falcon: FalconSettings) -> list[str]:
     check_engine_is_known_on_023(falcon)
     check_prefill_holds_a_prompt(falcon)
     check_tensor_parallel(falcon)
+    check_concurrency(falcon)
+    check_hf_token(falcon)
+    check_prefix_caching(falcon)
+    check_vllm_args(falcon)
+    check_vllm_engine(falcon)
     warnings = check_memory(falcon)
+    warnings += config_names_another_model(falcon)
     if not falcon.model_s3_uri and not falcon.model_revision:
         warnings.append(f"falcon.model_revision is not set: the container downloads whatever {falcon.model_id}'s "
                         "main branch holds at start; pin a commit hash for repeatable deploys")

@@ -124,7 +124,8 @@ def sizing(falcon: FalconSettings) -> SizingReport:
     tp = falcon.tensor_parallel_degree
     by_heads = not dynamic  # accelerate places layers; lmi-dist and vLLM split heads
     return SizingReport(
-        model_id=falcon.model_id, dtype=falcon.dtype, instance_type=falcon.instance_type, gpu=gpu, gpus=gpus,
+        model_id=falcon.model_id + (f" (architecture of {falcon.model_config})" if falcon.model_config else ""),
+        dtype=falcon.dtype, instance_type=falcon.instance_type, gpu=gpu, gpus=gpus,
         tensor_parallel_degree=tp, runtime=runtime,
         memory_share=falcon.gpu_memory_utilization if runtime == VLLM else 1.0,
         weights_gib=arch.parameters_billion * 1e9 * DTYPE_BYTES[falcon.dtype] / GIB,

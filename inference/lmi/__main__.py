@@ -1,0 +1,5 @@
+import sys
+
+from inference.llm.lmi.cli import main
+
+sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from settings.cli import main
+
+sys.exit(main())
