@@ -6,10 +6,11 @@ Rows, each a real server started for its turn:
   image (`inference.sentiment.local_stack`, needs `make serving-stack`);
 - `server-fp32`: our server (`python -m inference.sentiment.server serve` from .venv-image: the image's entry
   point and pinned requirements) on the model.tar.gz `training.package` builds, forced to fp32;
-- `server-<precision>`: the same at the precision the gate picked: the archive's `precision.json` when
-  `training.package` recorded one, else the model directory's; without either (this branch's precision module is
-  a stub with no gate) bf16, said so in the output. The issue's gate (labels agree on >= 99% of the shipped
-  sample, every probability within 0.05) is also measured here and printed, for information.
+- `server-<precision>`: the same at the precision the accuracy gate picked: `training.package` runs the gate
+  (`inference.sentiment.accuracy_check`) while it builds the archive and records the choice and every
+  precision's figures in its `precision.json`, which the server reads, as an endpoint would. When the gate picks
+  fp32 this row is the fp32 row. `--precision` names another one instead; the server refuses it (status 1 here)
+  if it failed the gate.
 
 Scenarios: 1, 8 and 32 concurrent clients sending one text per request (`c1`, `c8`, `c32`), and one client
 sending 8 and 32 texts per request (`b8`, `b32`); each client keeps one connection alive. Printed per row:
@@ -25,7 +26,8 @@ other load on a shared machine falls on every row alike. Figures are printed, ne
 the gate's precision and prints its worker's resident memory every tenth of the way.
 
 Without --model-dir it builds a random-weight classifier from a config (`--preset base`: RoBERTa-base's
-12 x 768; `tiny`: 2 x 64, for tests) on a tokenizer trained on the shipped sample. Nothing is downloaded.
+12 x 768, the same model as `accuracy_check --random-model roberta-base`; `tiny`: 2 x 64, for tests) on a
+tokenizer trained on the shipped sample. Nothing is downloaded.
 
 Exit status: 0 done (also after SIGTERM, which stops the servers and ends early), 1 a server failed, 2 bad
 arguments or model, 130 after Ctrl-C.
@@ -44,6 +46,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import sys
 import tarfile
@@ -61,8 +64,6 @@ TOOLKIT = "toolkit-default"
 # (name, concurrent clients, texts per request)
 SCENARIOS = (("c1", 1, 1), ("c8", 8, 1), ("c32", 32, 1), ("b8", 1, 8), ("b32", 1, 32))
 GOAL_SCENARIO, GOAL_RATIO = "c8", 3.0
-GATE_MIN_AGREEMENT = 0.99
-GATE_TOLERANCE = 0.05
 RSS_CLIENTS = 8
 TORCHSERVE_WAIT_S = 300
 STOP_STATUS = {signal.SIGTERM: 0, signal.SIGINT: 130}
@@ -149,47 +150,17 @@ def gemm_roof(threads: int, dtype_name: str = "bf16", size: int = 2048, repeats:
     return 2 * size ** 3 / statistics.median(times) / 1e9
 
 
-def recorded_precision(archive: Path, model_dir: Path) -> tuple[str | None, str]:
-    """The precision `training.package` recorded (in the archive, else the model directory), or None."""
+def gate_record(archive: Path) -> dict:
+    """The accuracy gate's record that `training.package` wrote into the archive."""
     from inference.sentiment import precision as precisions
 
     with tarfile.open(archive) as tar:
-        names = {member.name.removeprefix("./"): member for member in tar.getmembers()}
-        member = names.get(precisions.RECORD)
-        if member is not None:
-            with tempfile.TemporaryDirectory() as directory:
-                Path(directory, precisions.RECORD).write_bytes(tar.extractfile(member).read())
-                return precisions.choose(Path(directory), None), f"recorded in {archive.name}:{precisions.RECORD}"
-    if (model_dir / precisions.RECORD).is_file():
-        return precisions.choose(model_dir, None), f"recorded in {model_dir / precisions.RECORD}"
-    return None, "no precision record (this branch's training.package runs no gate)"
-
-
-def measured_gate(model_dir: Path, candidate: str, threads: int) -> tuple[bool, str]:
-    """The issue's gate, measured here: `candidate` against fp32 on the shipped sample, through the server's loader.
-
-    Its own arithmetic, not `accuracy_check`'s (issue-21-precision's module), so that branch can change freely.
-    """
-    from inference.sentiment import inference as handler
-    from inference.sentiment.benchmark_handler import sample_texts
-    from inference.sentiment.server import model as models
-
-    texts = sample_texts()
-    rows = {}
-    for precision in ("fp32", candidate):
-        loaded = models.load(model_dir, threads=threads, precision_override=precision)
-        labels = loaded.sentiment.labels
-        ranked = []
-        for start in range(0, len(texts), 32):
-            ranked += handler.predict_fn(handler.Request(texts[start:start + 32], top_k=len(labels)), loaded.sentiment)
-        rows[precision] = [[{e["label"]: e["score"] for e in entries}[label] for label in labels] for entries in ranked]
-    pairs = list(zip(rows["fp32"], rows[candidate], strict=True))
-    agreement = sum(a.index(max(a)) == b.index(max(b)) for a, b in pairs) / len(pairs)
-    worst = max(abs(x - y) for a, b in pairs for x, y in zip(a, b, strict=True))
-    passed = agreement >= GATE_MIN_AGREEMENT and worst <= GATE_TOLERANCE
-    return passed, (f"{candidate} vs fp32 on {len(texts)} sample texts: labels agree on {agreement:.1%} "
-                    f"(need >= {GATE_MIN_AGREEMENT:.0%}), largest probability change {worst:.4f} "
-                    f"(allowed {GATE_TOLERANCE}): {'PASS' if passed else 'FAIL'}")
+        member = next((m for m in tar.getmembers() if m.name.removeprefix("./") == precisions.RECORD), None)
+        if member is None:
+            raise RuntimeError(f"{archive.name}: no {precisions.RECORD}; training.package ran no gate")
+        with tempfile.TemporaryDirectory() as directory:
+            Path(directory, precisions.RECORD).write_bytes(tar.extractfile(member).read())
+            return precisions.read_record(Path(directory))
 
 
 # --- load ----------------------------------------------------------------------------------------------------------
@@ -421,10 +392,56 @@ def rss_check(args, archive: Path, precision: str, log: Path) -> None:
         f"peak {max(samples):.1f} MiB)")
 
 
+def first_ping_seconds(archive: Path, log: Path, workers: int) -> float:
+    """Seconds from starting our server's process to the first 200 from its /ping (what a container start costs
+    on top of pulling the image: Python and torch imports, unpacking the archive, loading and warming the model)."""
+    import urllib.error
+    import urllib.request
+
+    from inference.sentiment.server.local import LocalServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = LocalServer(archive, port=port, args=("--workers", str(workers)), log=log)
+    started = time.perf_counter()
+    server.launch()
+    try:
+        while True:
+            if server.process.poll() is not None:
+                raise RuntimeError(f"the server exited with status {server.process.returncode} before /ping answered: "
+                                   + " | ".join(server.lines[-5:]))
+            if time.perf_counter() - started > 300:
+                raise RuntimeError("no 200 from /ping within 300 s")
+            with (contextlib.suppress(OSError, urllib.error.URLError),
+                  urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2) as answer):
+                if answer.status == 200:
+                    return time.perf_counter() - started
+            time.sleep(0.02)
+    finally:
+        stop_server(server)
+
+
+def startup_check(args, archive: Path, log: Path) -> None:
+    """The archive's size and the time to the first 200 from /ping, over `--starts` starts."""
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+    size = sum(member.size for member in members)
+    wheels = [member.name for member in members if member.name.endswith(".whl")]
+    say(f"model.tar.gz: {archive.stat().st_size / 2**20:.1f} MiB compressed, {size / 2**20:.1f} MiB in "
+        f"{len(members)} files, {len(wheels)} wheels (our image carries the Python dependencies)")
+    for workers in args.workers:
+        times = [first_ping_seconds(archive, log, workers) for _ in range(args.starts)]
+        say(f"start to first 200 from /ping, {workers} worker(s): "
+            f"{', '.join(f'{value:.1f}' for value in times)} s (median {statistics.median(times):.1f} s)")
+
+
 def run(args, model_dir: Path, workdir: Path) -> int:
     import transformers
     from transformers import AutoConfig
 
+    from inference.sentiment import accuracy_check
+    from inference.sentiment import precision as precisions
     from inference.sentiment.container import worker_threads
     from training import package
 
@@ -435,28 +452,29 @@ def run(args, model_dir: Path, workdir: Path) -> int:
         f"x {config.hidden_size}; transformers {transformers.__version__}; {cpus} CPUs, one worker per server with "
         f"{threads} thread(s); load average {os.getloadavg()[0]:.2f}")
     archives = {"server": workdir / "model.tar.gz", "toolkit": workdir / "pipeline.tar.gz"}
-    say("packaging model.tar.gz (training.package) ...")
-    package.build(model_dir, archives["server"])
+    say("packaging model.tar.gz (training.package, which runs the accuracy gate) ...")
+    package.build(model_dir, archives["server"], progress=say)
     if args.mode == "compare" and not args.no_toolkit:
-        package.build(model_dir, archives["toolkit"], handler=BASELINE_HANDLER)
+        package.build(model_dir, archives["toolkit"], handler=BASELINE_HANDLER, gate=False)
 
-    precision, why = recorded_precision(archives["server"], model_dir)
-    gated = precision is not None
-    if args.precision != "auto":
-        precision, why, gated = args.precision, "--precision", False
-    elif precision is None:
-        precision, why = "bf16", f"{why}: bf16, not gated"
-    say(f"precision for the gate's row: {precision} ({why})")
+    record = gate_record(archives["server"])
+    for line in accuracy_check.report(record):
+        say(line)
+    figures = {name: precisions.Figures.from_dict(name, data) for name, data in record["figures"].items()}
+    precision = record["precision"] if args.precision == "auto" else args.precision
+    passed = precision == "fp32" or (precision in figures and figures[precision].passed(
+        record["gate"]["min_agreement"], record["gate"]["max_probability_change"]))
+    say(f"precision for the gate's row: {precision} "
+        f"({'recorded in model.tar.gz' if args.precision == 'auto' else '--precision'}; gate: "
+        f"{'passed' if passed else 'FAILED, the server will refuse it'})")
     log = args.log or workdir / "servers.log"
     if args.mode == "rss":
         rss_check(args, archives["server"], precision, log)
         return 0
+    if args.mode == "startup":
+        startup_check(args, archives["server"], log)
+        return 0
 
-    gate_passed = None
-    if precision != "fp32" and not gated:
-        say("measuring the issue's gate here (two model loads, the shipped sample) ...")
-        gate_passed, figures = measured_gate(model_dir, precision, threads)
-        say(f"gate measured here: {figures}")
     roofs: list[float] = []
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
@@ -473,12 +491,9 @@ def run(args, model_dir: Path, workdir: Path) -> int:
     if TOOLKIT in results:
         best = list(results)[-1]
         ratio = results[best][GOAL_SCENARIO].rate / results[TOOLKIT][GOAL_SCENARIO].rate
-        gate = ("passed (recorded)" if gated else
-                "not passed: measured FAIL" if gate_passed is False else
-                "measured PASS, not recorded" if gate_passed else "fp32 needs none")
-        met = ratio >= GOAL_RATIO and (gated or precision == "fp32")
+        met = ratio >= GOAL_RATIO and passed
         say(f"goal: {best} at {GOAL_SCENARIO} = {ratio:.2f}x {TOOLKIT}'s requests/s (goal >= {GOAL_RATIO:g}x with "
-            f"the gate passed; gate: {gate}): {'MET' if met else 'NOT MET'}")
+            f"the gate passed; gate: {'passed' if passed else 'failed'}): {'MET' if met else 'NOT MET'}")
     return 0
 
 
@@ -489,14 +504,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="Exit status: 0 done or stopped by SIGTERM, 1 a server failed, "
                                             "2 bad arguments or model, 130 Ctrl-C.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--mode", choices=("compare", "rss"), default="compare",
-                        help="compare: the table of every row and scenario; rss: worker RSS over --rss-requests")
+    parser.add_argument("--mode", choices=("compare", "rss", "startup"), default="compare",
+                        help="compare: the table of every row and scenario; rss: worker RSS over --rss-requests; "
+                             "startup: the archive's size and the time from start to the first 200 from /ping")
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="a saved model (default: build a random-weight one, see --preset)")
     parser.add_argument("--preset", choices=("base", "tiny"), default="base",
                         help="random-weight model to build without --model-dir: RoBERTa-base size, or 2 x 64")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                        help="the gate row's precision; auto: the recorded one, else bf16 (not gated)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
+                        help="the gate row's precision; auto: the one the gate recorded in the archive (the server "
+                             "refuses one that failed the gate)")
     parser.add_argument("--requests", type=positive_int, default=64,
                         help="timed single-text requests per scenario, method and round (at least one per client)")
     parser.add_argument("--batch-requests", type=positive_int, default=6,
@@ -505,6 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="untimed requests per client before each scenario")
     parser.add_argument("--rounds", type=positive_int, default=2, help="times the methods take turns")
     parser.add_argument("--rss-requests", type=positive_int, default=10_000, help="requests of --mode rss")
+    parser.add_argument("--starts", type=positive_int, default=3, help="starts per worker count of --mode startup")
+    parser.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2],
+                        help="worker counts --mode startup measures")
     parser.add_argument("--no-toolkit", action="store_true", help="leave out the toolkit row (no TorchServe)")
     parser.add_argument("--seed", type=int, default=0, help="seed for choosing the texts")
     parser.add_argument("--log", type=Path, default=None,
@@ -532,6 +552,7 @@ def _main(args) -> int:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    from inference.sentiment.accuracy_check import build_random_model
     from inference.sentiment.benchmark_handler import build_model_dir
     from inference.sentiment.local_stack import StackError
     from inference.sentiment.server.local import ServerError
@@ -546,7 +567,8 @@ def _main(args) -> int:
                     raise PackageError(f"--model-dir {model_dir}: no config.json, not a saved model")
             else:
                 say(f"building a random-weight {args.preset} model ...")
-                model_dir = build_model_dir(workdir / "model", args.preset)
+                model_dir = (build_random_model(workdir / "model", "roberta-base") if args.preset == "base"
+                             else build_model_dir(workdir / "model", args.preset))
             return run(args, model_dir, workdir)
         except PackageError as error:
             print(f"{PROG}: error: {error}", file=sys.stderr)

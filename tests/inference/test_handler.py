@@ -222,6 +222,38 @@ def test_length_buckets_give_one_padded_batch_s_answers_in_input_order(handler, 
             assert abs(entry["score"] - probabilities[loaded.labels.index(entry["label"])]) < 1e-4
 
 
+def _partitions(count: int):
+    """Every way to cut range(count) into contiguous [start, end) pieces."""
+    if count == 0:
+        yield []
+        return
+    for start in range(count):
+        for rest in _partitions(start):
+            yield [*rest, (start, count)]
+
+
+def test_bucket_plan_is_the_cheapest_split_of_the_sorted_lengths():
+    import random
+
+    from inference.sentiment.inference import plan_buckets
+
+    def cost(lengths, plan, pass_cost):
+        return sum((end - start) * lengths[end - 1] + pass_cost for start, end in plan)
+
+    rng = random.Random(7)
+    for _ in range(200):
+        lengths = sorted(rng.randint(1, 120) for _ in range(rng.randint(1, 8)))
+        pass_cost = rng.choice((0, 8, 32, 100))
+        plan = plan_buckets(lengths, pass_cost)
+        assert [start for start, _ in plan] == [0, *[end for _, end in plan[:-1]]]  # contiguous, in order
+        assert plan[-1][1] == len(lengths)
+        best = min(cost(lengths, candidate, pass_cost) for candidate in _partitions(len(lengths)))
+        assert cost(lengths, plan, pass_cost) == best
+    assert plan_buckets([10, 10, 10, 100], 32) == [(0, 3), (3, 4)]  # the long text alone
+    assert plan_buckets([40, 41, 42, 43], 32) == [(0, 4)]  # similar lengths: one pass
+    assert plan_buckets([]) == []
+
+
 def test_int8_quantization_is_opt_in_and_checked(handler, extracted, monkeypatch):
     monkeypatch.setenv("SENTIMENT_QUANTIZE", "int8")
     quantized = handler.model_fn(str(extracted))

@@ -26,6 +26,7 @@ import pytest
 
 from inference import processes
 from inference.sentiment import local_stack
+from inference.sentiment.server import local as image_server
 from tests import fake_lmi
 from tests.signal_harness import Server, both, http_ok, line, process_running, python, run_case
 
@@ -42,6 +43,16 @@ def _make(port, workdir, archive):
     # -o install-dev: use the environments as they are (their stamp files may be older than a fresh checkout).
     return ["make", "--no-print-directory", "-o", "install-dev", "serve-local-dlc", f"MODEL={archive}", f"PORT={port}",
             f"ARGS=--log {workdir / 'stack.log'}"]
+
+
+def _image_server(port, workdir, archive):
+    """The serving image's entry point, from the venv with the image's requirements (what `make serve-local` runs)."""
+    return [str(image_server.IMAGE_PYTHON), "-m", "inference.sentiment.server", "serve", "--model-dir", str(archive),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+
+
+def _make_serve_local(port, workdir, archive):
+    return ["make", "--no-print-directory", "-o", "image-venv", "serve-local", f"MODEL={archive}", f"PORT={port}"]
 
 
 SERVERS = [
@@ -62,6 +73,11 @@ SERVERS = [
         "--log", str(workdir / "stack.log")),
            starting=STACK_STARTING, ready=line(r"^serving "), heavy=True,
            cases=(*REQUIRED, (signal.SIGTERM, "cleanup"), (signal.SIGTERM, "starting-process"))),
+    Server("image-server", _image_server, starting=line(r"^sentiment server: starting"), ready=http_ok("/ping"),
+           cases=(*REQUIRED, (signal.SIGTERM, "process-once"), (signal.SIGINT, "cleanup"))),
+    Server("make-serve-local", _make_serve_local, starting=line(r"^sentiment server: starting"),
+           ready=http_ok("/ping"), modes=("group-once",), exit_status=lambda signum: -signum,
+           forbidden_output=("Traceback", r"Error 1$")),
     Server("make-serve-local-dlc", _make, starting=STACK_STARTING, ready=line(r"^serving "), heavy=True,
            modes=("group-once",), exit_status=lambda signum: -signum,
            forbidden_output=("Traceback", r"Error 1$")),
@@ -92,12 +108,16 @@ def _cwd(pid: int) -> str:
 
 
 _no_stack = not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK")
+_no_image_venv = not image_server.IMAGE_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK")
+IMAGE_VENV_SERVERS = ("image-server", "make-serve-local")
 
 
 @pytest.mark.parametrize(("server", "signum", "mode"), CASES)
 def test_stops_cleanly(server, signum, mode, archive, tmp_path):
     if server.heavy and _no_stack:
         pytest.skip("no .venv-serving; run `make serving-stack`")
+    if server.name in IMAGE_VENV_SERVERS and _no_image_venv:
+        pytest.skip("no .venv-image; run `make image-venv`")
     if server.heavy and (running := _wait_until_no_torchserve()):
         pytest.fail("a TorchServe not started by this test runs, and the toolkit allows one per machine: "
                     + "; ".join(f"{processes.describe(pid)} (in {_cwd(pid)})" for pid in running))
