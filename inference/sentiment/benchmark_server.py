@@ -245,16 +245,18 @@ class Method:
     name: str
     precision: str | None = None  # None: the toolkit default
 
-    def start(self, archives: dict[str, Path], log: Path):
-        """A started server (stopped by its `stop()`), with `.port` and `.process`."""
+    def start(self, archives: dict[str, Path], log: Path, workers: int):
+        """A started server (stopped by its `stop()`), with `.port` and `.process`; every row gets `workers`
+        worker processes, with threads from the same formula (inference.sentiment.container.worker_threads)."""
         if self.precision is None:
             from inference.sentiment.local_stack import LocalStack
 
             wait_for_other_torchserve()
-            return LocalStack(archives["toolkit"], log=log).start()
+            return LocalStack(archives["toolkit"], workers=workers, log=log).start()
         from inference.sentiment.server.local import LocalServer
 
-        return LocalServer(archives["server"], args=("--precision", self.precision, "--workers", "1"), log=log).start()
+        return LocalServer(archives["server"], args=("--precision", self.precision, "--workers", str(workers)),
+                           log=log).start()
 
 
 def wait_for_other_torchserve(timeout: float = TORCHSERVE_WAIT_S, poll: float = 2.0) -> None:
@@ -321,7 +323,7 @@ def compare_methods(args, model_dir: Path, archives: dict[str, Path], precision:
         before_round()
         for method in methods:
             say(f"round {round_index + 1}/{args.rounds}: starting {method.name} ...")
-            server = method.start(archives, log)
+            server = method.start(archives, log, args.workers)
             try:
                 for name, (clients, requests) in plan.items():
                     per_round = len(requests) // args.rounds
@@ -366,7 +368,7 @@ def rss_check(args, archive: Path, precision: str, log: Path) -> None:
     texts = sample_texts()
     rng = random.Random(args.seed)
     step = max(1, args.rss_requests // 10)
-    server = LocalServer(archive, args=("--precision", precision, "--workers", "1"), log=log).start()
+    server = LocalServer(archive, args=("--precision", precision, "--workers", str(args.workers)), log=log).start()
     try:
         workers = worker_pids(server.process.pid)
         if not workers:
@@ -430,10 +432,9 @@ def startup_check(args, archive: Path, log: Path) -> None:
     wheels = [member.name for member in members if member.name.endswith(".whl")]
     say(f"model.tar.gz: {archive.stat().st_size / 2**20:.1f} MiB compressed, {size / 2**20:.1f} MiB in "
         f"{len(members)} files, {len(wheels)} wheels (our image carries the Python dependencies)")
-    for workers in args.workers:
-        times = [first_ping_seconds(archive, log, workers) for _ in range(args.starts)]
-        say(f"start to first 200 from /ping, {workers} worker(s): "
-            f"{', '.join(f'{value:.1f}' for value in times)} s (median {statistics.median(times):.1f} s)")
+    times = [first_ping_seconds(archive, log, args.workers) for _ in range(args.starts)]
+    say(f"start to first 200 from /ping, {args.workers} worker(s): "
+        f"{', '.join(f'{value:.1f}' for value in times)} s (median {statistics.median(times):.1f} s)")
 
 
 def run(args, model_dir: Path, workdir: Path) -> int:
@@ -446,11 +447,12 @@ def run(args, model_dir: Path, workdir: Path) -> int:
     from training import package
 
     cpus = len(os.sched_getaffinity(0))
-    threads = worker_threads(cpus, 1)
+    threads = worker_threads(cpus, args.workers)
+    roof_threads = worker_threads(cpus, 1)  # the machine's roof: every thread the workers share
     config = AutoConfig.from_pretrained(model_dir)
     say(f"model: {args.model_dir or f'--preset {args.preset} (random weights)'}: {config.num_hidden_layers} layers "
-        f"x {config.hidden_size}; transformers {transformers.__version__}; {cpus} CPUs, one worker per server with "
-        f"{threads} thread(s); load average {os.getloadavg()[0]:.2f}")
+        f"x {config.hidden_size}; transformers {transformers.__version__}; {cpus} CPUs, {args.workers} worker(s) per "
+        f"server with {threads} thread(s) each; load average {os.getloadavg()[0]:.2f}")
     archives = {"server": workdir / "model.tar.gz", "toolkit": workdir / "pipeline.tar.gz"}
     say("packaging model.tar.gz (training.package, which runs the accuracy gate) ...")
     package.build(model_dir, archives["server"], progress=say)
@@ -479,9 +481,9 @@ def run(args, model_dir: Path, workdir: Path) -> int:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     results = compare_methods(args, model_dir, archives, precision, log,
-                              before_round=lambda: roofs.append(gemm_roof(threads)))
+                              before_round=lambda: roofs.append(gemm_roof(roof_threads)))
     roof = max(roofs)
-    say(f"\nbf16 GEMM roof (2048x2048 matmul, {threads} thread(s), before each round, no server running): "
+    say(f"\nbf16 GEMM roof (2048x2048 matmul, {roof_threads} thread(s), before each round, no server running): "
         f"{', '.join(f'{value:.0f}' for value in roofs)} GFLOP/s; the table uses the highest, {roof:.0f}")
     print_table(results, roof)
     say(f"\ncN: N concurrent clients, one text per request; bN: one client, N texts per request. GFLOP/s: useful "
@@ -522,9 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="untimed requests per client before each scenario")
     parser.add_argument("--rounds", type=positive_int, default=2, help="times the methods take turns")
     parser.add_argument("--rss-requests", type=positive_int, default=10_000, help="requests of --mode rss")
-    parser.add_argument("--starts", type=positive_int, default=3, help="starts per worker count of --mode startup")
-    parser.add_argument("--workers", type=positive_int, nargs="+", default=[1, 2],
-                        help="worker counts --mode startup measures")
+    parser.add_argument("--workers", type=positive_int, default=1,
+                        help="worker processes of every server (threads each: the endpoint's formula)")
+    parser.add_argument("--starts", type=positive_int, default=3, help="server starts timed by --mode startup")
     parser.add_argument("--no-toolkit", action="store_true", help="leave out the toolkit row (no TorchServe)")
     parser.add_argument("--seed", type=int, default=0, help="seed for choosing the texts")
     parser.add_argument("--log", type=Path, default=None,

@@ -135,6 +135,17 @@ def test_text_flops_counts_every_matrix_product_of_the_model(model_dir):
     assert benchmark_server.text_flops(tokens, config) == expected
 
 
+@pytest.mark.slow
+@needs_image_venv
+def test_startup_mode_prints_the_archive_size_and_each_start_to_the_first_ping(capsys):
+    assert benchmark_server.main(["--mode", "startup", "--preset", "tiny", "--starts", "2"]) == 0
+    out = capsys.readouterr().out
+    size = re.search(r"^model\.tar\.gz: (\d+\.\d) MiB compressed, (\d+\.\d) MiB in (\d+) files, 0 wheels", out, re.M)
+    assert size and 0 < float(size.group(1)) <= float(size.group(2))
+    starts = re.search(r"^start to first 200 from /ping, 1 worker\(s\): (\d+\.\d), (\d+\.\d) s \(median", out, re.M)
+    assert starts and all(float(value) > 0 for value in starts.groups())
+
+
 def test_the_gate_record_is_read_from_the_archive_training_package_built(model_dir, tmp_path):
     from training import package
 
@@ -166,7 +177,7 @@ def test_help_and_bad_arguments(tmp_path, capsys):
     assert benchmark_server.main(["--model-dir", str(tmp_path / "none")]) == 2
     assert "error: --model-dir" in capsys.readouterr().err
     for argv in (["--requests", "0"], ["--warmup", "-1"], ["--precision", "fp16"], ["--mode", "x"],
-                 ["--rss-requests", "0"]):
+                 ["--workers", "0"], ["--starts", "0"], ["--rss-requests", "0"]):
         with pytest.raises(SystemExit) as raised:
             benchmark_server.main(argv)
         assert raised.value.code == 2

@@ -221,6 +221,9 @@ def test_bf16_workers_start_with_onednns_fast_math_and_an_fp32_override_without(
         assert "precision bf16," in serving_line(server)
         environments = worker_environments(server)
         assert environments and all(env.get(precisions.FPMATH_ENV) == "BF16" for env in environments)
+        # oneDNN's caches capped per worker, so new input shapes cannot grow its memory without end
+        assert all(env.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == env.get("LRU_CACHE_CAPACITY") == "32"
+                   for env in environments)
     with local.LocalServer(gated_dir, env={"SENTIMENT_PRECISION": "fp32"}) as server:
         assert "precision fp32," in serving_line(server)
         environments = worker_environments(server)
@@ -230,3 +233,15 @@ def test_bf16_workers_start_with_onednns_fast_math_and_an_fp32_override_without(
 def test_only_bf16_asks_for_the_fast_math_environment():
     assert precisions.process_environment("bf16") == {"DNNL_DEFAULT_FPMATH_MODE": "BF16"}
     assert precisions.process_environment("fp32") == precisions.process_environment("int8") == {}
+
+
+def test_worker_cache_limits_default_to_32_and_yield_to_the_endpoints_environment(monkeypatch):
+    from inference.sentiment.server.config import ServerConfig, worker_environment
+
+    config = ServerConfig(model_dir=Path("/opt/ml/model"), threads=2)
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    environment = worker_environment(config)
+    assert (environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], environment["LRU_CACHE_CAPACITY"]) == ("32", "32")
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "1024")
+    assert worker_environment(config)["LRU_CACHE_CAPACITY"] == "1024"

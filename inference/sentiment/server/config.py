@@ -25,6 +25,13 @@ WORKERS_ENV = "SAGEMAKER_MODEL_SERVER_WORKERS"
 THREADS_ENV = "OMP_NUM_THREADS"
 PORT_ENV = "SAGEMAKER_BIND_TO_PORT"
 
+# oneDNN's primitive cache and torch's oneDNN (ideep) cache, per worker. Every new input shape (texts x padded
+# tokens) adds kernels to both; at their default of 1024 entries a bf16 worker grew without end under varied
+# requests (tiny model in-process, 4,000 mixed batches: 519 -> 1014 MiB, still rising), at 32 it stays flat
+# (519 -> 550 MiB) with no measurable loss of speed (RoBERTa-base bf16, 8 mixed texts: 170 vs 172 ms).
+# The endpoint's environment may set other values.
+PRIMITIVE_CACHE_LIMITS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32", "LRU_CACHE_CAPACITY": "32"}
+
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_MAX_BATCH_WAIT_MS = 5
 DEFAULT_MAX_QUEUE = 256
@@ -122,4 +129,5 @@ def worker_environment(config: ServerConfig) -> dict[str, str]:
         THREADS_ENV: str(config.threads),
         "MKL_NUM_THREADS": str(config.threads),
         "TOKENIZERS_PARALLELISM": "false",
+        **{name: os.environ.get(name, limit) for name, limit in PRIMITIVE_CACHE_LIMITS.items()},
     }
