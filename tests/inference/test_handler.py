@@ -252,6 +252,8 @@ def test_bucket_plan_is_the_cheapest_split_of_the_sorted_lengths():
     assert plan_buckets([10, 10, 10, 100], 32) == [(0, 3), (3, 4)]  # the long text alone
     assert plan_buckets([40, 41, 42, 43], 32) == [(0, 4)]  # similar lengths: one pass
     assert plan_buckets([]) == []
+    many = plan_buckets([20] * 150)  # at most MAX_BUCKET_TEXTS per pass: three passes, covering all
+    assert len(many) == 3 and all(end - start <= 64 for start, end in many) and many[-1][1] == 150
 
 
 def test_int8_quantization_is_opt_in_and_checked(handler, extracted, monkeypatch):
