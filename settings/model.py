@@ -26,6 +26,8 @@ class Settings:
     falcon: FalconSettings = setting(FalconSettings, "Falcon LMI endpoint")
     operations: OperationsSettings = setting(OperationsSettings, "operations")
     pipeline: PipelineSettings = setting(PipelineSettings, "delivery pipeline")
+    allow_unpatched_images: bool = setting(False, "deploy images past their vendor's end of patch "
+                                                  "(settings/patch_windows.py); synth warns instead of refusing")
 
     @property
     def stack_prefix(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,11 @@ class EnvironmentStacks:
 
 def build_environment(scope: Construct, settings: Settings) -> EnvironmentStacks:
     """Stacks for `settings`: storage and network always; workloads only when their section is enabled."""
+    from settings import patch_windows
+
+    for warning in patch_windows.check(patch_windows.deployed_images(settings),
+                                       allow_unpatched=settings.allow_unpatched_images):
+        print(f"warning: {settings.name}: {warning}", file=sys.stderr)
     artifacts = ArtifactsStack(scope, settings=settings)
     network = NetworkStack(scope, settings=settings, key=artifacts.key)
     stacks = EnvironmentStacks(artifacts=artifacts, network=network)

@@ -212,9 +212,9 @@ def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_v
 
 
 def test_dlc_pulls_from_the_dlc_registry(synthesized):
-    statements = _one(synthesized("prod-sentiment-dlc").template("sentiment"),
-                      "AWS::IAM::Policy")["Properties"]["PolicyDocument"]["Statement"]
-    pull = next(s for s in statements if s["Sid"] == "PullImage")
+    policies = synthesized("prod-sentiment-dlc").template("sentiment").find_resources("AWS::IAM::Policy")
+    statements = [s for policy in policies.values() for s in policy["Properties"]["PolicyDocument"]["Statement"]]
+    [pull] = [s for s in statements if s.get("Sid") == "PullImage"]
     assert pull["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-inference-arm64"
 
 

@@ -1,0 +1,79 @@
+"""The sentiment serving image itself: `make image` builds it for linux/arm64, and it serves one request.
+
+Needs a Docker engine with buildx (and, on x86, QEMU's arm64 handler). Where none runs, as on this project's build
+machine and CI (the Docker client alone answers `docker --version` but `docker info` fails), the test is skipped
+with that reason: CI runs the same entry point from `.venv-image` (tests/inference/test_server.py), and the
+Dockerfile's rules are checked below without building.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+DOCKERFILE = REPO_ROOT / "inference" / "sentiment" / "image" / "Dockerfile"
+TAG = "sentiment-server:test"
+
+
+def docker_engine() -> str | None:
+    """None when a Docker engine answers, else why not (the skip reason)."""
+    if shutil.which("docker") is None:
+        return "no docker command"
+    probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                           timeout=60)
+    if probe.returncode != 0:
+        return f"no Docker engine (docker info: {(probe.stderr.strip().splitlines() or ['failed'])[-1]})"
+    return None
+
+
+def test_the_dockerfile_keeps_the_images_rules():
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG BASE_IMAGE=\S+@sha256:[0-9a-f]{64}$", text, re.M)  # base pinned by digest
+    final = text.rsplit("\nFROM ", 1)[1]  # the stage that serves
+    assert final.startswith("${BASE_IMAGE}\n")
+    assert re.search(r"^USER 10001:10001$", final, re.M)  # not root
+    assert re.search(r"for tool in gcc cc c\+\+ g\+\+ clang make; do if command -v", final)  # no compilers
+    assert 'ENTRYPOINT ["python", "-m", "inference.sentiment.server"]' in final
+    assert final.rstrip().endswith('CMD ["serve"]')
+    assert "EXPOSE 8080" in final
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(docker_engine() is not None, reason=f"needs a Docker engine with buildx: {docker_engine()}")
+def test_make_image_builds_it_and_it_answers_one_request(archive, tmp_path):
+    subprocess.run(["make", "--no-print-directory", "image", f"IMAGE_TAG={TAG}"], cwd=REPO_ROOT, check=True,
+                   timeout=3600)
+    model = tmp_path / "model"
+    model.mkdir()
+    subprocess.run(["tar", "-xzf", str(archive), "-C", str(model)], check=True)
+    container = subprocess.run(
+        ["docker", "run", "--detach", "--rm", "--platform", "linux/arm64", "-p", "127.0.0.1::8080",
+         "-v", f"{model}:/opt/ml/model:ro", TAG, "serve"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        port = subprocess.run(["docker", "port", container, "8080"], capture_output=True, text=True,
+                              check=True).stdout.split(":")[-1].strip()
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "no 200 from /ping within 10 minutes"
+                time.sleep(2)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=b'{"inputs": "what a game"}',
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            [prediction] = json.loads(answer.read())
+        assert prediction["label"] in ("negative", "neutral", "positive") and 0 <= prediction["score"] <= 1
+    finally:
+        stopped = subprocess.run(["docker", "stop", "--time", "30", container], capture_output=True, text=True)
+        assert stopped.returncode == 0, stopped.stderr

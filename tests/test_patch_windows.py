@@ -1,0 +1,112 @@
+"""Every image we deploy has a vendor end-of-patch date with its source; synth warns 90 days before it and refuses
+after it unless `allow_unpatched_images=true` (issue 21, item 6)."""
+
+from __future__ import annotations
+
+import re
+from datetime import date, timedelta
+
+import pytest
+
+from settings import SettingsError, load_settings
+from settings.patch_windows import TODAY_ENV, WARN_DAYS, WINDOWS, check, deployed_images
+from settings.serving import LMI_VERSIONS
+from tests.conftest import REPO_ROOT
+from tests.test_cli import run_app
+
+MODEL = "s3://my-bucket/models/sentiment/run-1/model.tar.gz"
+BASE = "python:3.13-slim-trixie"
+
+
+def test_every_row_has_a_date_and_a_source_and_every_offered_image_has_a_row():
+    for key, window in WINDOWS.items():
+        assert isinstance(window.end_of_patch, date) and len(window.source) > 20, key
+    assert {f"djl-inference:{version}" for version in LMI_VERSIONS} <= set(WINDOWS)
+    assert {"pytorch-inference-arm64:2.6", "pytorch-inference-graviton:2.4", BASE} <= set(WINDOWS)
+    dockerfile = (REPO_ROOT / "inference" / "sentiment" / "image" / "Dockerfile").read_text()
+    assert re.search(rf"^ARG BASE_IMAGE=\S+/{re.escape(BASE)}@sha256:[0-9a-f]{{64}}$", dockerfile, re.M)
+
+
+def test_the_default_images_of_every_workload_are_known():
+    settings = load_settings("prod", {"training.enabled": True, "sentiment.enabled": True, "falcon.enabled": True,
+                                      "sentiment.model_data_url": MODEL})
+    images = deployed_images(settings)
+    assert set(images) == {"pytorch-training:2.10-ec2", BASE, "djl-inference:0.36.0-lmi27"}
+    assert images[BASE] == "sentiment.runtime=server"
+    sagemaker = load_settings("prod", {"training.backend": "sagemaker"})
+    assert set(deployed_images(sagemaker)) == {"pytorch-training:2.10-sagemaker"}
+    dlc = load_settings("prod", {"sentiment.enabled": True, "sentiment.model_data_url": MODEL,
+                                 "sentiment.runtime": "dlc"})
+    assert deployed_images(dlc) == {"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}
+
+
+@pytest.mark.parametrize(("days_before", "warned"), [(WARN_DAYS + 1, False), (WARN_DAYS, True), (1, True),
+                                                     (0, True)])
+def test_a_warning_within_90_days_of_the_end_and_none_before(days_before, warned):
+    end = WINDOWS[BASE].end_of_patch
+    warnings = check({BASE: "sentiment.runtime=server"}, allow_unpatched=False, on=end - timedelta(days_before))
+    assert bool(warnings) is warned
+    if warned:
+        [line] = warnings
+        assert f"ends patching on {end}, in {days_before} days" in line and "wiki.debian.org" in line
+
+
+def test_after_the_end_synth_refuses_in_one_line_unless_allowed():
+    window = WINDOWS["pytorch-inference-arm64:2.6"]
+    after = window.end_of_patch + timedelta(days=1)
+    with pytest.raises(SettingsError) as refused:
+        check({"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}, allow_unpatched=False, on=after)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("invalid setting sentiment.runtime='dlc': expected an image inside its patch window")
+    assert "ended patching on 2026-06-30 (source: aws/deep-learning-containers e0ecedea docs/src/data/" \
+           "pytorch-inference-arm64/2.6-cpu-sagemaker.yml eop)" in message
+    assert message.endswith("set allow_unpatched_images=true to deploy it anyway")
+    [warning] = check({"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}, allow_unpatched=True, on=after)
+    assert "ended patching on 2026-06-30, 1 days ago; deployed because allow_unpatched_images=true" in warning
+
+
+def test_an_image_without_a_window_is_refused():
+    with pytest.raises(SettingsError, match=r"training.base_image_tag='2.7.0-gpu-x-ec2': expected an image with a "
+                                            r"known patch window"):
+        check({"pytorch-training:2.7-ec2": "training.base_image_tag=2.7.0-gpu-x-ec2"}, allow_unpatched=True)
+
+
+def test_a_bad_date_for_the_check_is_one_line(monkeypatch):
+    monkeypatch.setenv(TODAY_ENV, "next tuesday")
+    with pytest.raises(SettingsError, match=r"invalid setting PATCH_WINDOW_TODAY='next tuesday': expected a date"):
+        check({BASE: "sentiment.runtime=server"}, allow_unpatched=False)
+
+
+@pytest.mark.slow
+def test_synth_refuses_the_retired_torchserve_image_and_takes_it_with_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv(TODAY_ENV, "2026-12-04")
+    context = {"env": "dev", "sentiment.enabled": "true", "sentiment.model_data_url": MODEL,
+               "sentiment.runtime": "dlc"}
+    refused = run_app(context, tmp_path / "refused")
+    assert refused.returncode == 1
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("error: invalid setting sentiment.runtime='dlc': expected an image inside its patch "
+                           "window: pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe) ended "
+                           "patching on 2026-06-30 (source: aws/deep-learning-containers e0ecedea"), line
+    allowed = run_app({**context, "allow_unpatched_images": "true"}, tmp_path / "allowed")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "warning: dev: pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe) ended patching " \
+           "on 2026-06-30, 157 days ago" in allowed.stderr
+    default = run_app({"env": "dev", "sentiment.enabled": "true", "sentiment.model_data_url": MODEL},
+                      tmp_path / "default")
+    assert default.returncode == 0, default.stderr
+    assert "python:3.13-slim-trixie" not in default.stderr  # 2028-08-09 is far off: no warning
+
+
+def test_the_readme_table_matches_the_module():
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text.split("## Patch windows of the images we deploy", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (`[^|]+) \| (\d{4}-\d\d-\d\d) \|", section, re.M)
+    shown = {}
+    for names, end in rows:
+        keys = re.findall(r"`([^`]+)`", names.split(" (")[0])
+        repository = keys[0].split(":")[0]
+        for key in keys:  # `:2.10-sagemaker` continues the row's first repository
+            shown[repository + key if key.startswith(":") else key] = end
+    assert shown == {key: str(window.end_of_patch) for key, window in WINDOWS.items()}
