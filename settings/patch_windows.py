@@ -6,8 +6,9 @@ deploys: within `WARN_DAYS` of the date it prints a warning; after the date it r
 `allow_unpatched_images=true`. Dates of AWS's Deep Learning Containers come from their support policy data at
 aws/deep-learning-containers e0ecedea (2026-08-21): `docs/src/data/<repository>/<version>-....yml` (`ga`, `eop`)
 and `docs/src/legacy/legacy_support.yml`. LMI (DJL Serving) images are not in that table (their `djl-inference`
-files carry no `eop`), so their dates are derived with the policy's own rule, a year of patches after GA, from the
-release's DJL Serving branch; such rows say so.
+files carry no `eop`) and the policy text states no rule for them, so their dates are derived: GA + 1 year, the
+interval AWS's data gives every pytorch-training release we offer (2.8, 2.9, 2.10: `eop` = `ga` + 1 year), with GA
+from the release's DJL Serving branch or AWS's data commit; such rows say so.
 
 `PATCH_WINDOW_TODAY=YYYY-MM-DD` makes the check answer as on that day (tests; "what will synth say in March?").
 """
@@ -24,7 +25,10 @@ WARN_DAYS = 90
 TODAY_ENV = "PATCH_WINDOW_TODAY"
 _DLC = "aws/deep-learning-containers e0ecedea docs/src"
 _LMI_RULE = ("no vendor end-of-patch date (aws/deep-learning-containers e0ecedea: docs/src/data/djl-inference/*.yml "
-             "carry no eop); derived: GA + 1 year, the DLC support policy's rule, GA = ")
+             "carry no eop); derived: GA + 1 year, the interval of the DLC data's pytorch-training rows, GA = ")
+# The policy page's notice at e0ecedea (docs/src/templates/reference/support_policy.template.md).
+_UBUNTU_PRO = ("; the policy's notice: Ubuntu-based PyTorch 2.8-2.10 images cannot be fully patched (no Ubuntu Pro "
+               "licence), AWS recommends the Amazon Linux 2023 PyTorch 2.11+ images")
 
 
 @dataclass(frozen=True)
@@ -38,23 +42,17 @@ def _lmi(tag: str, ga: date, ga_source: str) -> PatchWindow:
     return PatchWindow(f"djl-inference:{tag}", ga.replace(year=ga.year + 1), _LMI_RULE + f"{ga} ({ga_source})")
 
 
+def _training(version: str, platform: str, end: date) -> PatchWindow:
+    label = {"ec2": "EC2", "sagemaker": "SageMaker"}[platform]
+    return PatchWindow(f"pytorch-training {version} ({label})", end,
+                       f"{_DLC}/data/pytorch-training/{version}-gpu-{platform}.yml eop{_UBUNTU_PRO}")
+
+
 # Keys: what `deployed_images` names. Training tags are keyed by framework version and platform.
 WINDOWS: dict[str, PatchWindow] = {
-    "pytorch-training:2.10-ec2": PatchWindow(
-        "pytorch-training 2.10 (EC2)", date(2027, 1, 21), f"{_DLC}/data/pytorch-training/2.10-gpu-ec2.yml eop"),
-    "pytorch-training:2.10-sagemaker": PatchWindow(
-        "pytorch-training 2.10 (SageMaker)", date(2027, 1, 21),
-        f"{_DLC}/data/pytorch-training/2.10-gpu-sagemaker.yml eop"),
-    "pytorch-training:2.9-ec2": PatchWindow(
-        "pytorch-training 2.9 (EC2)", date(2026, 10, 15), f"{_DLC}/data/pytorch-training/2.9-gpu-ec2.yml eop"),
-    "pytorch-training:2.9-sagemaker": PatchWindow(
-        "pytorch-training 2.9 (SageMaker)", date(2026, 10, 15),
-        f"{_DLC}/data/pytorch-training/2.9-gpu-sagemaker.yml eop"),
-    "pytorch-training:2.8-ec2": PatchWindow(
-        "pytorch-training 2.8 (EC2)", date(2026, 8, 6), f"{_DLC}/data/pytorch-training/2.8-gpu-ec2.yml eop"),
-    "pytorch-training:2.8-sagemaker": PatchWindow(
-        "pytorch-training 2.8 (SageMaker)", date(2026, 8, 6),
-        f"{_DLC}/data/pytorch-training/2.8-gpu-sagemaker.yml eop"),
+    **{f"pytorch-training:{version}-{platform}": _training(version, platform, end)
+       for version, end in (("2.10", date(2027, 1, 21)), ("2.9", date(2026, 10, 15)), ("2.8", date(2026, 8, 6)))
+       for platform in ("ec2", "sagemaker")},
     "pytorch-inference-arm64:2.6": PatchWindow(
         "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe)", date(2026, 6, 30),
         f"{_DLC}/data/pytorch-inference-arm64/2.6-cpu-sagemaker.yml eop"),

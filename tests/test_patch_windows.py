@@ -40,8 +40,8 @@ def test_the_default_images_of_every_workload_are_known():
     assert deployed_images(dlc) == {"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}
 
 
-@pytest.mark.parametrize(("days_before", "warned"), [(WARN_DAYS + 1, False), (WARN_DAYS, True), (1, True),
-                                                     (0, True)])
+@pytest.mark.parametrize(("days_before", "warned"), [(WARN_DAYS + 1, False), (WARN_DAYS, True),
+                                                     (WARN_DAYS - 1, True), (1, True), (0, True)])
 def test_a_warning_within_90_days_of_the_end_and_none_before(days_before, warned):
     end = WINDOWS[BASE].end_of_patch
     warnings = check({BASE: "sentiment.runtime=server"}, allow_unpatched=False, on=end - timedelta(days_before))

@@ -1,9 +1,9 @@
 """The sentiment serving image itself: `make image` builds it for linux/arm64, and it serves one request.
 
-Needs a Docker engine with buildx (and, on x86, QEMU's arm64 handler). Where none runs, as on this project's build
-machine and CI (the Docker client alone answers `docker --version` but `docker info` fails), the test is skipped
-with that reason: CI runs the same entry point from `.venv-image` (tests/inference/test_server.py), and the
-Dockerfile's rules are checked below without building.
+Needs a Docker engine with buildx whose builder lists linux/arm64 (on x86: QEMU's arm64 handler). Where any is
+missing, as on this project's build machine and CI (the Docker client alone answers `docker --version` but
+`docker info` fails), the test is skipped naming what is missing: CI runs the same entry point from `.venv-image`
+(tests/inference/test_server.py), and the Dockerfile's rules are checked below without building.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ def docker_engine() -> str | None:
                            timeout=60)
     if probe.returncode != 0:
         return f"no Docker engine (docker info: {(probe.stderr.strip().splitlines() or ['failed'])[-1]})"
+    buildx = subprocess.run(["docker", "buildx", "inspect"], capture_output=True, text=True, timeout=60)
+    if buildx.returncode != 0:
+        return f"no docker buildx (docker buildx inspect: {(buildx.stderr.strip().splitlines() or ['failed'])[-1]})"
+    platforms = [line for line in buildx.stdout.splitlines() if line.strip().startswith("Platforms:")]
+    if platforms and "linux/arm64" not in platforms[0]:
+        return f"the buildx builder cannot build linux/arm64 (no QEMU arm64 handler?): {platforms[0].strip()}"
     return None
 
 
@@ -54,6 +60,7 @@ def test_make_image_builds_it_and_it_answers_one_request(archive, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     subprocess.run(["tar", "-xzf", str(archive), "-C", str(model)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(model)], check=True)  # the image's user 10001 reads it
     container = subprocess.run(
         ["docker", "run", "--detach", "--rm", "--platform", "linux/arm64", "-p", "127.0.0.1::8080",
          "-v", f"{model}:/opt/ml/model:ro", TAG, "serve"], capture_output=True, text=True, check=True).stdout.strip()
