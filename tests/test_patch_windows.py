@@ -3,6 +3,7 @@ after it unless `allow_unpatched_images=true` (issue 21, item 6)."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date, timedelta
 
@@ -110,3 +111,17 @@ def test_the_readme_table_matches_the_module():
         for key in keys:  # `:2.10-sagemaker` continues the row's first repository
             shown[repository + key if key.startswith(":") else key] = end
     assert shown == {key: str(window.end_of_patch) for key, window in WINDOWS.items()}
+
+
+@pytest.mark.parametrize("environment", ["dev", "staging", "prod", "smoke"])
+def test_cdk_json_environments_deploy_only_patched_images_without_the_flag(environment):
+    """On the day the table was checked, every declared environment, also with every workload on, passes unflagged."""
+    declared = json.loads((REPO_ROOT / "cdk.json").read_text())["context"]["environments"]
+    assert set(declared) == {"dev", "staging", "prod", "smoke"}
+    day = date(2026, 12, 4)
+    settings = load_settings(environment)
+    assert settings.allow_unpatched_images is False
+    check(deployed_images(settings), allow_unpatched=False, on=day)
+    everything = load_settings(environment, {"training.enabled": True, "sentiment.enabled": True,
+                                             "falcon.enabled": True, "sentiment.model_data_url": MODEL})
+    check(deployed_images(everything), allow_unpatched=False, on=day)
