@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", type=_modes, metavar="MODE[,MODE...]",
                         help=f"batching modes to compare, in order, of {', '.join(MODES)} (default: every mode the "
                              "container offers: dynamic,rolling_paged; rolling too with falcon.lmi_version=0.23.0, "
-                             "the only release with continuous batching without paging)")
+                             "the only release with continuous batching without paging, past its end of patch: add "
+                             "allow_unpatched_images=true)")
     parser.add_argument("--shapes", type=_shapes, default=SHAPES, metavar="INxOUT[,...]",
                         help=f"request shapes in tokens (default: the recipe's {','.join(SHAPES)})")
     parser.add_argument("--concurrency", type=positive_int_list, default=list(DEFAULT_CONCURRENCY),
