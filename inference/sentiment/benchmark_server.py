@@ -151,16 +151,13 @@ def gemm_roof(threads: int, dtype_name: str = "bf16", size: int = 2048, repeats:
 
 
 def gate_record(archive: Path) -> dict:
-    """The accuracy gate's record that `training.package` wrote into the archive."""
-    from inference.sentiment import precision as precisions
+    """The accuracy gate's record that `training.package` wrote into the archive (its own reader)."""
+    from training import package
 
-    with tarfile.open(archive) as tar:
-        member = next((m for m in tar.getmembers() if m.name.removeprefix("./") == precisions.RECORD), None)
-        if member is None:
-            raise RuntimeError(f"{archive.name}: no {precisions.RECORD}; training.package ran no gate")
-        with tempfile.TemporaryDirectory() as directory:
-            Path(directory, precisions.RECORD).write_bytes(tar.extractfile(member).read())
-            return precisions.read_record(Path(directory))
+    record = package.read_archive_record(archive)
+    if record is None:
+        raise RuntimeError(f"{archive.name}: no {package.PRECISION_RECORD}; training.package ran no gate")
+    return record
 
 
 # --- load ----------------------------------------------------------------------------------------------------------
