@@ -8,6 +8,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Extra CDK arguments, e.g. make synth CDK_ARGS="-c falcon.enabled=true"
 CDK_ARGS ?=
+# Extra pytest arguments for make test, given to both lanes (tests/lanes.py), e.g. make test PYTEST_ARGS="-x"
+PYTEST_ARGS ?=
 
 # jsii prints an end-of-life banner on Node 20; the CLI must not phone home from CI or offline desks.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -72,7 +74,7 @@ test-tools:
 
 test: install-dev test-tools  ## lint, then the whole test suite
 	$(PY) -m ruff check .
-	REQUIRE_SERVING_STACK=1 $(PY) -m pytest
+	REQUIRE_SERVING_STACK=1 $(PY) tests/lanes.py -- $(PYTEST_ARGS)
 
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
 INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_settings_cli.py \

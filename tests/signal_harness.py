@@ -231,7 +231,7 @@ def _signal_twice(pgid: int, signum: int) -> float:
 
 def _listening_ports(pids) -> set[int]:
     ports = set()
-    for pid in pids:
+    for pid in list(pids):  # a snapshot: the watcher thread adds pids meanwhile
         try:
             for connection in psutil.Process(pid).net_connections(kind="inet"):
                 if connection.status == psutil.CONN_LISTEN:

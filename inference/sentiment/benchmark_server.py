@@ -312,8 +312,9 @@ def compare_methods(args, model_dir: Path, archives: dict[str, Path], precision:
         methods.append(Method(f"server-{precision}", precision))
     plan = plan_requests(args, sample_texts())
     limit = tokenizer.model_max_length if tokenizer.model_max_length < 100_000 else 512
+    texts = {text for _, requests in plan.values() for batch in requests for text in batch}  # each tokenized once
     flops = {text: text_flops(len(tokenizer(text, truncation=True, max_length=limit)["input_ids"]), config)
-             for _, requests in plan.values() for batch in requests for text in batch}
+             for text in texts}
     results = {method.name: {name: Timing() for name, *_ in SCENARIOS} for method in methods}
     started = time.perf_counter()
     for round_index in range(args.rounds):

@@ -10,6 +10,7 @@ from inference.sentiment import benchmark_handler, local_stack
 
 
 @pytest.mark.slow
+@pytest.mark.torchserve
 @pytest.mark.skipif(not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
                     reason="no .venv-serving; run `make serving-stack`")
 def test_benchmark_prints_every_method_for_every_batch_size(model_dir, capsys):

@@ -15,10 +15,10 @@ import pytest
 
 from inference.sentiment import local_stack
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.torchserve, pytest.mark.skipif(
     not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
     reason="no .venv-serving; run `make serving-stack`",
-)
+)]
 JSON = "application/json"
 GOOD = json.dumps({"inputs": ["lovely weather", "terrible service"]}).encode()
 

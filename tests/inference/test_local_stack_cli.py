@@ -20,10 +20,10 @@ from inference.sentiment import local_stack
 from tests.inference.test_signals import SERVERS
 from tests.signal_harness import free_port, run_case
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.torchserve, pytest.mark.skipif(
     not local_stack.SERVING_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
     reason="no .venv-serving; run `make serving-stack`",
-)
+)]
 
 
 def _cli(archive, port, log):

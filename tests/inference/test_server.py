@@ -24,10 +24,10 @@ import pytest
 
 from inference.sentiment.server import local
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.servers, pytest.mark.skipif(
     not local.IMAGE_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
     reason="no .venv-image; run `make image-venv`",
-)
+)]
 JSON = "application/json"
 GOOD = json.dumps({"inputs": ["lovely weather", "terrible service"]}).encode()
 BAD_UTF8 = b'{"inputs": "caf\xe9 \xff"}'

@@ -88,8 +88,10 @@ SERVERS = [
            cases=((signal.SIGINT, "group-once"),)),  # its stack stops as local-stack's does: Ctrl-C only
 ]
 
+pytestmark = pytest.mark.servers
+
 CASES = [pytest.param(server, signum, mode, id=f"{server.name}-{signal.Signals(signum).name}-{mode}",
-                      marks=[pytest.mark.slow] if server.heavy else [])
+                      marks=[pytest.mark.slow, pytest.mark.torchserve] if server.heavy else [])
          for server in SERVERS for signum, mode in server.all_cases()]
 
 def _wait_until_no_torchserve(timeout: float = 300) -> list[int]:

@@ -1,0 +1,123 @@
+"""Run the test suite as two concurrent pytest processes ("lanes"), so `make test` uses both cores of a 2-core CI.
+
+    python tests/lanes.py                 # what `make test` runs
+    python tests/lanes.py -- -k settings  # arguments after -- go to both lanes' pytest
+    python tests/lanes.py --serial        # one pytest process, as before
+
+Lane `torchserve` runs the tests marked `torchserve` (they start TorchServe, and the SageMaker toolkit allows one per
+machine, so they stay in one process, one after another) and those marked `servers` (they start our servers and
+mostly wait on them); lane `rest` runs everything else. The first lane waits on JVMs, sockets and signals more than
+it computes, which is why the two fit on two cores (figures in the README, "Set-up: two commands"). Each lane writes
+its output to a log, printed whole when the lane ends; meanwhile a progress line every `--progress` seconds.
+Exit status: 0 when every lane passed, otherwise the first failing lane's pytest status (1 failed tests, 2
+interrupted, ...). A lane that selects no test (pytest's 5) counts as passed unless no lane ran anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Lane -> marker expression; every test is in exactly one lane.
+LANES = {"torchserve": "torchserve or servers", "rest": "not (torchserve or servers)"}
+NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+PERCENT = re.compile(rb"\[\s*(\d+)%\]")
+
+
+@dataclass
+class Lane:
+    name: str
+    process: subprocess.Popen
+    log: Path
+    started: float
+    ended: float | None = None
+
+    def progress(self) -> str:
+        """The last `[ NN%]` pytest printed, or what the lane is doing before its first one."""
+        if self.ended is not None:
+            return f"done in {self.ended - self.started:.0f} s (exit {self.process.returncode})"
+        found = PERCENT.findall(self.log.read_bytes()) if self.log.exists() else []
+        return f"{int(found[-1])}%" if found else "collecting"
+
+
+def _seconds(text: str) -> float:
+    if not re.fullmatch(r"\d+(\.\d+)?", text) or float(text) <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds above 0, got {text!r}")
+    return float(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python tests/lanes.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--serial", action="store_true", help="one pytest process with the arguments as given")
+    parser.add_argument("--progress", type=_seconds, default=30.0, metavar="SECONDS",
+                        help="seconds between progress lines (default 30)")
+    parser.add_argument("pytest_args", nargs="*", help="after --: passed to every lane's pytest")
+    return parser
+
+
+def lane_environment() -> dict[str, str]:
+    """Two lanes share the cores: OpenMP threads that spin-wait after each parallel region (libgomp's default) would
+    burn the other lane's CPU, so they sleep instead unless the caller chose otherwise."""
+    return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
+
+
+def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane:
+    log = workdir / f"{name}.log"
+    command = [sys.executable, "-m", "pytest", "-m", marker, f"--basetemp={workdir / name}",
+               "-o", f"cache_dir={Path('.pytest_cache') / ('lane-' + name)}", *pytest_args]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=lane_environment())
+    return Lane(name, process, log, time.monotonic())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.serial:
+        return subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args])
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="test-lanes-") as temporary:
+        workdir = Path(temporary)
+        lanes = [start(name, marker, args.pytest_args, workdir) for name, marker in LANES.items()]
+        print(f"lanes: {', '.join(f'{lane.name} (-m {LANES[lane.name]!r})' for lane in lanes)}; output of each "
+              "when it ends", flush=True)
+        try:
+            next_report = time.monotonic() + args.progress
+            while any(lane.ended is None for lane in lanes):
+                time.sleep(0.2)
+                for lane in lanes:
+                    if lane.ended is None and lane.process.poll() is not None:
+                        lane.ended = time.monotonic()
+                        print(f"\n===== lane {lane.name}: exit {lane.process.returncode} after "
+                              f"{lane.ended - lane.started:.0f} s =====", flush=True)
+                        sys.stdout.buffer.write(lane.log.read_bytes())
+                        sys.stdout.flush()
+                if time.monotonic() >= next_report and any(lane.ended is None for lane in lanes):
+                    print(f"[{time.monotonic() - started:.0f} s] "
+                          + "; ".join(f"{lane.name}: {lane.progress()}" for lane in lanes), flush=True)
+                    next_report += args.progress
+        except KeyboardInterrupt:
+            for lane in lanes:
+                if lane.process.poll() is None:
+                    lane.process.terminate()
+            for lane in lanes:
+                lane.process.wait()
+            print("lanes: interrupted", file=sys.stderr)
+            return 2
+    statuses = [lane.process.returncode for lane in lanes]
+    print(f"\nlanes: pytest took {time.monotonic() - started:.0f} s wall time; "
+          + "; ".join(f"{lane.name} {lane.progress()}" for lane in lanes), flush=True)
+    if all(status == NO_TESTS for status in statuses):
+        return NO_TESTS
+    return next((status for status in statuses if status not in (0, NO_TESTS)), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

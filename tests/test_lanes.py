@@ -1,0 +1,72 @@
+"""`make test`'s two concurrent pytest lanes (tests/lanes.py): every test runs in exactly one, and a failure in
+either decides the exit status. Run on a small project of its own, with real pytest processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests import lanes
+
+LANES_SCRIPT = Path(lanes.__file__)
+INI = """
+[pytest]
+markers =
+    torchserve: starts TorchServe
+    servers: starts servers
+addopts = --strict-markers -q
+"""
+
+
+def project(tmp_path: Path, rest_body: str = "assert True") -> Path:
+    (tmp_path / "pytest.ini").write_text(INI)
+    (tmp_path / "test_heavy.py").write_text(textwrap.dedent("""
+        import pytest
+
+        @pytest.mark.torchserve
+        def test_in_the_torchserve_lane():
+            assert True
+
+        @pytest.mark.servers
+        def test_a_server_test_joins_it():
+            assert True
+    """))
+    (tmp_path / "test_light.py").write_text(f"def test_in_the_rest_lane():\n    {rest_body}\n")
+    return tmp_path
+
+
+def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(LANES_SCRIPT), "--progress", "0.5", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_each_test_runs_once_in_its_lane_and_a_failure_in_one_lane_fails_the_run(tmp_path):
+    result = run(project(tmp_path, rest_body="assert 1 == 2"), "--", "-rA")
+    assert result.returncode == 1, result.stdout + result.stderr
+    torchserve, rest = (result.stdout.split(f"===== lane {name}: ")[1].split("=====", 1)[0]
+                        for name in ("torchserve", "rest"))
+    assert torchserve.startswith("exit 0") and rest.startswith("exit 1")
+    assert result.stdout.count("PASSED test_heavy.py::test_in_the_torchserve_lane") == 1
+    assert result.stdout.count("PASSED test_heavy.py::test_a_server_test_joins_it") == 1
+    assert result.stdout.count("FAILED test_light.py::test_in_the_rest_lane") == 1
+    assert "lanes: pytest took" in result.stdout
+
+
+def test_arguments_reach_both_lanes_an_empty_lane_passes_and_no_test_at_all_is_pytests_5(tmp_path):
+    result = run(project(tmp_path), "--", "-k", "rest_lane")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed, 2 deselected" in result.stdout  # the rest lane: -m took two, -k none
+    assert "3 deselected" in result.stdout  # the torchserve lane: -m took one, -k the other two
+    assert run(tmp_path, "--", "-k", "nothing_matches").returncode == 5
+
+
+@pytest.mark.parametrize("argv", [["--progress", "0"], ["--progress", "soon"]])
+def test_bad_arguments_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as raised:
+        lanes.main(argv)
+    assert raised.value.code == 2
+    assert "--progress" in capsys.readouterr().err
