@@ -17,8 +17,8 @@ import sys
 import typing
 from typing import Any, Literal
 
-from settings.errors import SettingsError
-from settings.sources import DEFAULT_ENVIRONMENT, catalogue, describe_allowed, load_with_sources, value_type
+from settings import DEFAULT_ENVIRONMENT, catalogue, load_with_sources
+from settings.fields import SettingsError, describe_allowed, value_type
 
 
 def _context_pair(text: str) -> tuple[str, str]:

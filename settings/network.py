@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
-from settings.errors import SettingsError
-from settings.fields import LogRetentionDays, section, setting, text
+from settings.fields import LogRetentionDays, SettingsError, section, setting, text
 
 
 @section

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from datetime import date
 
-from settings.errors import SettingsError
+from settings.fields import SettingsError
 
 WARN_DAYS = 90
 TODAY_ENV = "PATCH_WINDOW_TODAY"

@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from settings.errors import SettingsError
-from settings.fields import SageMakerInstanceType, section, setting, text
+from settings.fields import SageMakerInstanceType, SettingsError, section, setting, text
 
 # LMI releases offered (inference/llm/lmi/versions.py says what each one does and what was checked). 0.36.0 names
 # two images (lmi27, lmi28), so the 0.36 and later releases carry their LMI number.

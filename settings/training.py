@@ -6,8 +6,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from settings.errors import SettingsError
-from settings.fields import Ec2InstanceType, ImageTag, LogRetentionDays, section, setting, text
+from settings.fields import Ec2InstanceType, ImageTag, LogRetentionDays, SettingsError, section, setting, text
 
 RunId = text(r"^[a-z0-9][a-z0-9-]{0,47}$", "lowercase letters, digits and '-', at most 48 characters")
 SsmPublicParameter = text(r"^/aws/service/.+", "a public SSM parameter name under /aws/service/")

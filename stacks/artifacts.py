@@ -9,7 +9,8 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from settings import ArtifactSettings, Settings
+from settings import Settings
+from settings.network import ArtifactSettings
 from stacks.base import EnvironmentStack
 
 

@@ -6,7 +6,8 @@ import aws_cdk as cdk
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from settings import LOG_RETENTION_DAYS, Settings
+from settings import Settings
+from settings.fields import LOG_RETENTION_DAYS
 
 
 class EnvironmentStack(cdk.Stack):

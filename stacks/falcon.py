@@ -21,7 +21,8 @@ from aws_cdk.aws_applicationautoscaling import CfnScalableTarget, CfnScalingPoli
 from constructs import Construct
 
 from inference.llm import lmi
-from settings import FalconSettings, Settings
+from settings import Settings
+from settings.serving import FalconSettings
 from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.nag import acknowledge
 

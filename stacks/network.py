@@ -8,7 +8,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from settings import EndpointSettings, Settings
+from settings import Settings
+from settings.network import EndpointSettings
 from stacks.base import EnvironmentStack, log_retention
 
 # Setting name -> the interface endpoint service it switches.

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from settings import TrainingSettings
+from settings.training import TrainingSettings
 from stacks.instances import has_instance_storage
 from stacks.serving_wheels import WheelTarget
 

@@ -26,7 +26,8 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 
 from inference.sentiment import container as inference_container
-from settings import SentimentSettings, Settings, SettingsError
+from settings import Settings, SettingsError
+from settings.serving import SentimentSettings
 from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus

@@ -12,7 +12,8 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from settings import REPO_ROOT, Settings, SettingsError, TrainingSettings
+from settings import REPO_ROOT, Settings, SettingsError
+from settings.training import TrainingSettings
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_registry, dlc_repository_arn

@@ -15,7 +15,8 @@ import pytest
 
 from inference.llm import lmi
 from inference.llm.lmi.cli import main
-from settings import FalconSettings, SettingsError, load_settings
+from settings import SettingsError, load_settings
+from settings.serving import FalconSettings
 from tests.conftest import REPO_ROOT
 
 DEFAULT = FalconSettings(model_revision="0123456789abcdef0123456789abcdef01234567")  # pinned: no warning
@@ -404,7 +405,7 @@ def test_image_uris_agree_with_the_sagemaker_sdk():
 
 
 def test_every_selectable_version_has_an_image_and_rules():
-    from settings import LMI_VERSIONS
+    from settings.serving import LMI_VERSIONS
 
     assert set(LMI_VERSIONS) == set(lmi.IMAGE_TAGS) == set(lmi.VERSIONS)
     with pytest.raises(SettingsError, match=r"falcon\.lmi_version"):

@@ -17,7 +17,8 @@ import pytest
 from inference.llm import lmi
 from inference.llm.lmi.vllm import start_checks
 from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
-from settings import FalconSettings, SettingsError
+from settings import SettingsError
+from settings.serving import FalconSettings
 from tests import fake_lmi
 from tests.lmi_container import (
     BRANCH_VLLM,

@@ -22,7 +22,8 @@ from inference.llm.lmi.cli import main
 from inference.llm.lmi.models import from_config, from_config_file
 from inference.llm.lmi.vllm import VllmStartError, start_checks
 from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
-from settings import FalconSettings, SettingsError, load_settings
+from settings import SettingsError, load_settings
+from settings.serving import FalconSettings
 from tests.lmi_container import BRANCH_VLLM, FALCON_HUB_CONFIG, start, vllm_engine_arguments
 
 CONFIGS = Path(__file__).parent / "lmi_model_configs"

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from settings import SettingsError, known_settings, load_settings, read_environments, settings_from_context
+from settings import SettingsError, known_settings, load_settings, read_context, settings_from_context
 
 
 def test_no_env_means_dev_with_documented_defaults():
@@ -23,7 +23,7 @@ def test_no_env_means_dev_with_documented_defaults():
 @pytest.mark.parametrize("env_name", ["dev", "staging", "prod"])
 def test_every_declared_environment_loads(env_name):
     assert load_settings(env_name).name == env_name
-    assert env_name in read_environments()
+    assert env_name in read_context()[0]
 
 
 def test_environments_differ_where_declared():

@@ -8,9 +8,8 @@ from typing import Literal
 import pytest
 from pydantic import ValidationError
 
-from settings import Settings
-from settings.fields import AwsRegion, section, setting, text
-from settings.sources import catalogue, describe_allowed, lax
+from settings import Settings, catalogue
+from settings.fields import AwsRegion, describe_allowed, lax, section, setting, text
 
 
 @section

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from settings import REPO_ROOT, TrainingSettings
+from settings import REPO_ROOT
+from settings.training import TrainingSettings
 from training.image import base_image
 
 

@@ -10,7 +10,8 @@ from inference.llm.lmi.render import render, to_environment, to_properties_file
 from inference.llm.lmi.rules import check
 from inference.llm.lmi.sizing import sizing
 from inference.llm.lmi.versions import backend
-from settings import FalconSettings, SettingsError, load_settings
+from settings import SettingsError, load_settings
+from settings.serving import FalconSettings
 
 DESCRIPTION = """The Falcon recipe's LMI (DJL Serving) configuration: rendered once, checked before any deploy.
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from settings import FalconSettings, SettingsError
+from settings import SettingsError
+from settings.serving import FalconSettings
 
 
 @dataclass(frozen=True)

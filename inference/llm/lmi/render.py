@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from inference.llm.lmi.versions import LMI_DIST, VLLM, backend, container
-from settings import FalconSettings
+from settings.serving import FalconSettings
 
 MODEL_DIR = "/opt/ml/model"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from inference.llm.lmi.versions import LMI_DIST, VLLM, backend
-from settings import FalconSettings
+from settings.serving import FalconSettings
 
 PROMPT = "What is Amazon SageMaker?"
 MAX_NEW_TOKENS = 128  # LMI's default is 30: always send it

@@ -9,7 +9,8 @@ from inference.llm.lmi.models import CATALOGUE, architecture, from_config_file
 from inference.llm.lmi.sizing import check_memory
 from inference.llm.lmi.versions import LMI_DIST, VLLM, backend, container
 from inference.llm.lmi.vllm import check_prefix_caching, check_vllm_args, check_vllm_engine
-from settings import FalconSettings, SettingsError
+from settings import SettingsError
+from settings.serving import FalconSettings
 
 TIMEOUT_RANGE = (60, 3600)
 _DEFAULTS = dataclasses.asdict(FalconSettings())

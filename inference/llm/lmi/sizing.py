@@ -30,7 +30,8 @@ from inference.llm.lmi.models import (
     kv_bytes_per_token_split_by_layers,
 )
 from inference.llm.lmi.versions import VLLM, backend
-from settings import FalconSettings, SettingsError
+from settings import SettingsError
+from settings.serving import FalconSettings
 
 RESERVE_GIB = 1.0
 # Below this share of KV room left unused, check() warns: a longer prompt mix or a fuller batch may not fit.

@@ -19,7 +19,8 @@ from inference.llm.lmi.models import Architecture, architecture
 from inference.llm.lmi.render import render
 from inference.llm.lmi.versions import VLLM, ContainerVersion, backend, container
 from inference.llm.lmi.vllm_engine_args import VLLM_SOURCES
-from settings import FalconSettings, SettingsError
+from settings import SettingsError
+from settings.serving import FalconSettings
 
 # Engine arguments another setting already decides (render() or DJL itself writes them): a falcon.vllm_args
 # item naming one would fight that setting (DJL refuses some such conflicts at start,
