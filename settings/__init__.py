@@ -134,9 +134,8 @@ def _one_line(error: ValidationError, given: Layer) -> SettingsError:
     first = error.errors(include_url=False)[0]
     if isinstance(cause := (first.get("ctx") or {}).get("error"), SettingsError):
         return cause  # a cross-field rule already worded it
-    parts, known = [str(part) for part in first["loc"]], catalogue()
-    # A list's item or a union member adds to the location; the setting is its longest known prefix.
-    key = next((key for n in range(len(parts), 0, -1) if (key := ".".join(parts[:n])) in known), ".".join(parts))
+    known = catalogue()
+    key = ".".join(part for part in first["loc"] if isinstance(part, str))  # a list item's index is no setting
     if key not in known:
         return SettingsError(key, first.get("input"), first["msg"])
     return SettingsError(key, given.get(key, first.get("input")), describe_allowed(known[key], first["type"]))

@@ -12,10 +12,13 @@ the environment as `--env` does. Exit status 1 on a bad setting, with the one-li
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import typing
 from typing import Any, Literal
+
+from pydantic.fields import FieldInfo
 
 from settings import DEFAULT_ENVIRONMENT, catalogue, load_with_sources
 from settings.fields import SettingsError, describe_allowed, value_type
@@ -39,29 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _get(settings: Any, key: str) -> Any:
-    for part in key.split("."):
-        settings = getattr(settings, part)
-    return settings
-
-
 def show_value(value: Any) -> str:
     """A value as one would write it after `-c key=`."""
     if value is None:
         return "none"
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):
         value = ",".join(value)
     return str(value) if value != "" else '""'
 
 
-def _json_value(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
-def type_name(key: str) -> str:
-    kind, optional, _ = value_type(catalogue()[key])
+def type_name(info: FieldInfo) -> str:
+    kind, optional, _ = value_type(info)
     origin = typing.get_origin(kind)
     name = "choice" if origin is Literal else "list[str]" if origin is tuple else kind.__name__
     return f"{name} | none" if optional else name
@@ -72,10 +65,10 @@ def describe(env_name: str | None, overrides: dict[str, str]) -> list[dict[str, 
     settings, sources = load_with_sources(env_name, overrides)
     rows = []
     for key, info in catalogue().items():
-        unit = info.json_schema_extra.get("unit") if isinstance(info.json_schema_extra, dict) else None
-        rows.append({"key": key, "value": _json_value(_get(settings, key)), "source": sources[key],
-                     "type": type_name(key), "allowed": describe_allowed(info), "unit": unit,
-                     "description": info.description or "", "environment": settings.name})
+        rows.append({"key": key, "value": functools.reduce(getattr, key.split("."), settings), "source": sources[key],
+                     "type": type_name(info), "allowed": describe_allowed(info),
+                     "unit": (info.json_schema_extra or {}).get("unit"), "description": info.description or "",
+                     "environment": settings.name})
     return rows
 
 
@@ -83,10 +76,8 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     print(f"# environment {rows[0]['environment']}" if rows else "# no settings")
     for row in rows:
         source = "default" if row["source"] == "default" else f"from {row['source']}"
-        value = row["value"]
-        shown = show_value(tuple(value) if isinstance(value, list) else value)
         unit = f" {row['unit']}" if row["unit"] else ""
-        print(f"{row['key']} = {shown}{unit} ({source})")
+        print(f"{row['key']} = {show_value(row['value'])}{unit} ({source})")
         print(f"    {row['type']}: {row['allowed']}. {row['description']}")
 
 
@@ -99,9 +90,8 @@ def _diff(env_a: str, env_b: str, overrides: dict[str, str], as_json: bool) -> N
         return
     width = max((len(a["key"]) for a, _ in changed), default=0)
     for a, b in changed:
-        left = show_value(tuple(a["value"]) if isinstance(a["value"], list) else a["value"])
-        right = show_value(tuple(b["value"]) if isinstance(b["value"], list) else b["value"])
-        print(f"{a['key']:<{width}}  {env_a}: {left} ({a['source']})  {env_b}: {right} ({b['source']})")
+        print(f"{a['key']:<{width}}  {env_a}: {show_value(a['value'])} ({a['source']})  "
+              f"{env_b}: {show_value(b['value'])} ({b['source']})")
     if not changed:
         print(f"{env_a} and {env_b} have the same settings")
 
