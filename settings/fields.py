@@ -4,7 +4,7 @@ Choices are `Literal[...]`, optional settings `X | None`, comma lists `tuple[str
 shape `text(pattern, allowed)` or one of the named shapes below.
 
 Constraints, meaning and unit sit beside the default, once; validation, error wording, `make settings` and the
-JSON Schema for cdk.json all read them from here.
+JSON Schema for cdk.json all read them from here (value_type, lax, describe_allowed read a declaration back).
 """
 
 from __future__ import annotations
