@@ -126,6 +126,19 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
     return pytest.mark.skip(reason=missing)
 
 
+def pytest_collection_modifyitems(config, items):
+    """make test's torchserve lane collects only tests/inference (tests/lanes.py): a lane marker elsewhere would run
+    in neither lane."""
+    from tests.lanes import LANE_TESTPATHS
+
+    folder = REPO_ROOT / LANE_TESTPATHS["torchserve"]
+    stray = [item.nodeid for item in items if (item.get_closest_marker("torchserve") or
+                                              item.get_closest_marker("servers")) and folder not in item.path.parents]
+    if stray:
+        raise pytest.UsageError(f"marked torchserve or servers outside {folder.relative_to(REPO_ROOT)} (make test "
+                                f"would run them in no lane, tests/lanes.py): {', '.join(stray)}")
+
+
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("missing_prerequisite")
     if marker is not None:

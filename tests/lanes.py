@@ -27,6 +27,9 @@ from pathlib import Path
 
 # Lane -> marker expression; every test is in exactly one lane.
 LANES = {"torchserve": "torchserve or servers", "rest": "not (torchserve or servers)"}
+# Where the torchserve lane collects when no path is given (pytest's testpaths): collecting the whole tree costs it
+# 4 s of imports. tests/conftest.py refuses a `torchserve` or `servers` marker outside these folders.
+LANE_TESTPATHS = {"torchserve": "tests/inference"}
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 PERCENT = re.compile(rb"\[\s*(\d+)%\]")
 
@@ -73,6 +76,8 @@ def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane
     log = workdir / f"{name}.log"
     command = [sys.executable, "-m", "pytest", "-m", marker, f"--basetemp={workdir / name}",
                "-o", f"cache_dir={Path('.pytest_cache') / ('lane-' + name)}", *pytest_args]
+    if name in LANE_TESTPATHS:
+        command[3:3] = ["-o", f"testpaths={LANE_TESTPATHS[name]}"]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=lane_environment())
     return Lane(name, process, log, time.monotonic())

@@ -70,3 +70,12 @@ def test_bad_arguments_exit_2(argv, capsys):
         lanes.main(argv)
     assert raised.value.code == 2
     assert "--progress" in capsys.readouterr().err
+
+
+def test_a_lane_marker_outside_tests_inference_is_refused_at_collection(request):
+    from tests import conftest
+
+    conftest.pytest_collection_modifyitems(request.config, [request.node])  # this test: tests/, no lane marker
+    request.node.add_marker(pytest.mark.servers)
+    with pytest.raises(pytest.UsageError, match=r"outside tests/inference .*test_a_lane_marker_outside"):
+        conftest.pytest_collection_modifyitems(request.config, [request.node])
