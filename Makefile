@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Extra CDK arguments, e.g. make synth CDK_ARGS="-c falcon.enabled=true"
 CDK_ARGS ?=
-# Extra pytest arguments for make test, given to both lanes (tests/lanes.py), e.g. make test PYTEST_ARGS="-x"
+# Extra pytest arguments for make test, given to every lane (tests/lanes.py), e.g. make test PYTEST_ARGS="-x"
 PYTEST_ARGS ?=
 
 # jsii prints an end-of-life banner on Node 20; the CLI must not phone home from CI or offline desks.

@@ -127,16 +127,18 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
 
 
 def pytest_collection_modifyitems(config, items):
-    """make test's torchserve lane collects only tests/inference (tests/lanes.py): a lane marker elsewhere would run
-    in neither lane."""
-    from tests.lanes import LANE_TESTPATHS
+    """make test's lanes collect only their folders (tests/lanes.py): a test whose markers send it to a lane that
+    does not collect its folder would run in no lane."""
+    from tests.lanes import LANE_TESTPATHS, lane_of
 
-    folder = REPO_ROOT / LANE_TESTPATHS["torchserve"]
-    stray = [item.nodeid for item in items if (item.get_closest_marker("torchserve") or
-                                              item.get_closest_marker("servers")) and folder not in item.path.parents]
+    stray = []
+    for item in items:
+        lane = lane_of({marker.name for marker in item.iter_markers()})
+        folders = [REPO_ROOT / folder for folder in LANE_TESTPATHS.get(lane, ())]
+        if folders and not any(folder in item.path.parents for folder in folders):
+            stray.append(f"{item.nodeid} (lane {lane} collects {', '.join(LANE_TESTPATHS[lane])})")
     if stray:
-        raise pytest.UsageError(f"marked torchserve or servers outside {folder.relative_to(REPO_ROOT)} (make test "
-                                f"would run them in no lane, tests/lanes.py): {', '.join(stray)}")
+        raise pytest.UsageError("make test would run these in no lane (tests/lanes.py): " + "; ".join(stray))
 
 
 def pytest_runtest_setup(item):

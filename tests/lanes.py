@@ -1,13 +1,13 @@
-"""Run the test suite as two concurrent pytest processes ("lanes"), so `make test` uses both cores of a 2-core CI.
+"""Run the test suite as three concurrent pytest processes ("lanes"), so `make test` keeps a 2-core CI busy.
 
     python tests/lanes.py                 # what `make test` runs
     python tests/lanes.py -- -k settings  # arguments after -- go to both lanes' pytest
     python tests/lanes.py --serial        # one pytest process, as before
 
 Lane `torchserve` runs the tests marked `torchserve` (they start TorchServe, and the SageMaker toolkit allows one per
-machine, so they stay in one process, one after another) and those marked `servers` (they start our servers and
-mostly wait on them); lane `rest` runs everything else. The first lane waits on JVMs, sockets and signals more than
-it computes, which is why the two fit on two cores (figures in the README, "Set-up: two commands"). Each lane writes
+machine, so they stay in one process, one after another); lane `servers` those marked `servers` (they start servers
+or tools and mostly wait on them); lane `rest` everything else. The first two wait on JVMs, sockets and signals more
+than they compute, which is why three fit on two cores (figures in the README, "Set-up: two commands"). Each lane writes
 its output to a log, printed whole when the lane ends; meanwhile a progress line every `--progress` seconds.
 Exit status: 0 when every lane passed, otherwise the first failing lane's pytest status (1 failed tests, 2
 interrupted, ...). A lane that selects no test (pytest's 5) counts as passed unless no lane ran anything.
@@ -25,11 +25,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# Lane -> marker expression; every test is in exactly one lane.
-LANES = {"torchserve": "torchserve or servers", "rest": "not (torchserve or servers)"}
-# Where the torchserve lane collects when no path is given (pytest's testpaths): collecting the whole tree costs it
-# 4 s of imports. tests/conftest.py refuses a `torchserve` or `servers` marker outside these folders.
-LANE_TESTPATHS = {"torchserve": "tests/inference"}
+# Lane -> marker expression; every test is in exactly one lane (`lane_of`).
+LANES = {"torchserve": "torchserve", "servers": "servers and not torchserve", "rest": "not (torchserve or servers)"}
+# Where a lane collects when no path is given (pytest's testpaths): collecting the whole tree costs a lane 4 s of
+# imports. tests/conftest.py refuses a test whose markers put it in a lane that does not collect its folder.
+LANE_TESTPATHS = {"torchserve": ("tests/inference",),
+                  "servers": ("tests/inference", "tests/loadtest", "tests/falcon_benchmark")}
+
+
+def lane_of(markers: set[str]) -> str:
+    """The lane a test with these marker names runs in, by the same rules as the marker expressions in LANES."""
+    return "torchserve" if "torchserve" in markers else "servers" if "servers" in markers else "rest"
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 PERCENT = re.compile(rb"\[\s*(\d+)%\]")
 
@@ -77,7 +83,7 @@ def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane
     command = [sys.executable, "-m", "pytest", "-m", marker, f"--basetemp={workdir / name}",
                "-o", f"cache_dir={Path('.pytest_cache') / ('lane-' + name)}", *pytest_args]
     if name in LANE_TESTPATHS:
-        command[3:3] = ["-o", f"testpaths={LANE_TESTPATHS[name]}"]
+        command[3:3] = ["-o", "testpaths=" + " ".join(LANE_TESTPATHS[name])]
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=lane_environment())
     return Lane(name, process, log, time.monotonic())

@@ -18,6 +18,8 @@ from inference.llm.falcon_benchmark import cli
 from inference.llm.falcon_benchmark.aws import Account, CdkRunner
 from tests.fake_lmi import FakeLmi, sagemaker_runtime
 
+pytestmark = pytest.mark.servers  # runs the benchmark against the fake LMI server: make test's servers lane
+
 FAKE_CDK = Path(__file__).with_name("fake_cdk.py")
 PREFIX = "mlrecipes-dev"
 NOW = datetime.datetime(2026, 12, 2, tzinfo=datetime.UTC)

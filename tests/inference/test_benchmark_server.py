@@ -22,6 +22,8 @@ import pytest
 from inference.sentiment import benchmark_server, local_stack
 from inference.sentiment.server import local
 
+pytestmark = pytest.mark.servers  # starts our servers (the toolkit row also needs torchserve): the servers lane
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUIRE = bool(os.environ.get("REQUIRE_SERVING_STACK"))
 needs_image_venv = pytest.mark.skipif(not local.IMAGE_PYTHON.is_file() and not REQUIRE,

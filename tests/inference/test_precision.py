@@ -16,6 +16,8 @@ from inference.sentiment import accuracy_check
 from inference.sentiment import precision as precisions
 from inference.sentiment.precision import Figures, PrecisionRefused
 
+pytestmark = pytest.mark.servers  # starts image servers: make test's servers lane
+
 REPO = Path(__file__).resolve().parents[2]
 
 

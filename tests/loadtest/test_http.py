@@ -13,6 +13,8 @@ import pytest
 
 from inference.llm import loadtest
 
+pytestmark = pytest.mark.servers  # runs the load test against local HTTP servers: make test's servers lane
+
 
 def run(argv, tmp_path):
     """main() in-process with a report folder; returns (exit status, report.json as a dict)."""

@@ -24,6 +24,8 @@ from inference.llm.stream import (
 from tests import fake_lmi
 from tests.fake_lmi import FakeLmi, botocore_events, generated, sagemaker_runtime
 
+pytestmark = pytest.mark.servers  # runs the load test against local streaming servers: make test's servers lane
+
 VLLM_VERSIONS = ("0.33.0", "0.35.0", "0.36.0-lmi27")
 SEEDS = range(12)
 
