@@ -1,16 +1,19 @@
 """Run the test suite as three concurrent pytest processes ("lanes"), so `make test` keeps a 2-core CI busy.
 
     python tests/lanes.py                 # what `make test` runs
-    python tests/lanes.py -- -k settings  # arguments after -- go to both lanes' pytest
+    python tests/lanes.py -- -k settings  # arguments after -- go to every lane's pytest
     python tests/lanes.py --serial        # one pytest process, as before
 
 Lane `torchserve` runs the tests marked `torchserve` (they start TorchServe, and the SageMaker toolkit allows one per
 machine, so they stay in one process, one after another); lane `servers` those marked `servers` (they start servers
 or tools and mostly wait on them); lane `rest` everything else. The first two wait on JVMs, sockets and signals more
-than they compute, which is why three fit on two cores (figures in the README, "Set-up: two commands"). Each lane writes
-its output to a log, printed whole when the lane ends; meanwhile a progress line every `--progress` seconds.
-Exit status: 0 when every lane passed, otherwise the first failing lane's pytest status (1 failed tests, 2
-interrupted, ...). A lane that selects no test (pytest's 5) counts as passed unless no lane ran anything.
+than they compute, which is why three fit on two cores (figures in the README, "Set-up: two commands"). Each lane
+writes its output to a log, printed whole when the lane ends; meanwhile a progress line every `--progress` seconds.
+
+SIGTERM or SIGINT (Ctrl-C) sends each running lane one SIGINT, so pytest tears its fixtures down and stops the
+servers they started; then the exit status is 0 after SIGTERM, 130 after SIGINT. Otherwise it is 0 when every lane
+passed, else the first failing lane's pytest status (1 failed tests, 2 interrupted, ...). A lane that selects no
+test (pytest's 5) counts as passed unless no lane ran anything.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +42,7 @@ def lane_of(markers: set[str]) -> str:
     return "torchserve" if "torchserve" in markers else "servers" if "servers" in markers else "rest"
 NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
 PERCENT = re.compile(rb"\[\s*(\d+)%\]")
+STOP_GRACE_S = 120  # for a lane's teardown after SIGINT: stopping a TorchServe takes about 5 s
 
 
 @dataclass
@@ -73,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def lane_environment() -> dict[str, str]:
-    """Two lanes share the cores: OpenMP threads that spin-wait after each parallel region (libgomp's default) would
+    """Lanes share the cores: OpenMP threads that spin-wait after each parallel region (libgomp's default) would
     burn the other lane's CPU, so they sleep instead unless the caller chose otherwise."""
     return {"OMP_WAIT_POLICY": "PASSIVE", **os.environ}
 
@@ -85,21 +90,43 @@ def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane
     if name in LANE_TESTPATHS:
         command[3:3] = ["-o", "testpaths=" + " ".join(LANE_TESTPATHS[name])]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=lane_environment())
+        # A session of its own: a signal to our group reaches the lanes only as the one SIGINT `stop` sends.
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=lane_environment(),
+                                   start_new_session=True)
     return Lane(name, process, log, time.monotonic())
+
+
+def stop(lanes: list[Lane], processes) -> None:
+    """SIGINT to every running lane, so pytest tears its fixtures down (servers included), then whatever is left."""
+    running = [lane for lane in lanes if lane.process.poll() is None]
+    for lane in running:
+        lane.process.send_signal(signal.SIGINT)
+    for lane in running:
+        try:
+            lane.process.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            processes.stop_tree(lane.process, grace=10)
+        print(f"lanes: {lane.name} stopped (exit {lane.process.returncode}); the end of its output:", file=sys.stderr)
+        sys.stderr.buffer.write(b"\n".join(lane.log.read_bytes().splitlines()[-20:]) + b"\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.serial:
         return subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args])
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's packages
+    from inference import processes
+
+    processes.install_stop_handlers()  # SIGTERM or SIGINT: the lanes are stopped, exit 0 or 130 (issue 24's rule)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="test-lanes-") as temporary:
         workdir = Path(temporary)
-        lanes = [start(name, marker, args.pytest_args, workdir) for name, marker in LANES.items()]
-        print(f"lanes: {', '.join(f'{lane.name} (-m {LANES[lane.name]!r})' for lane in lanes)}; output of each "
-              "when it ends", flush=True)
+        lanes: list[Lane] = []
         try:
+            for name, marker in LANES.items():
+                lanes.append(start(name, marker, args.pytest_args, workdir))
+            print(f"lanes: {', '.join(f'{lane.name} (-m {LANES[lane.name]!r})' for lane in lanes)}; output of each "
+                  "when it ends", flush=True)
             next_report = time.monotonic() + args.progress
             while any(lane.ended is None for lane in lanes):
                 time.sleep(0.2)
@@ -114,14 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{time.monotonic() - started:.0f} s] "
                           + "; ".join(f"{lane.name}: {lane.progress()}" for lane in lanes), flush=True)
                     next_report += args.progress
-        except KeyboardInterrupt:
-            for lane in lanes:
-                if lane.process.poll() is None:
-                    lane.process.terminate()
-            for lane in lanes:
-                lane.process.wait()
-            print("lanes: interrupted", file=sys.stderr)
-            return 2
+        except processes.Stopped:
+            with processes.shielded():
+                stop(lanes, processes)
+            print(f"lanes: stopped by {signal.Signals(processes.received()).name}", file=sys.stderr)
+            processes.finish(processes.exit_status(processes.received()))
     statuses = [lane.process.returncode for lane in lanes]
     print(f"\nlanes: pytest took {time.monotonic() - started:.0f} s wall time; "
           + "; ".join(f"{lane.name} {lane.progress()}" for lane in lanes), flush=True)

@@ -3,11 +3,14 @@ either decides the exit status. Run on a small project of its own, with real pyt
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import lanes
@@ -79,3 +82,42 @@ def test_a_lane_marker_outside_tests_inference_is_refused_at_collection(request)
     request.node.add_marker(pytest.mark.servers)
     with pytest.raises(pytest.UsageError, match=r"test_a_lane_marker_outside.* \(lane servers collects tests/inf"):
         conftest.pytest_collection_modifyitems(request.config, [request.node])
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_a_stop_signal_tears_every_lane_down_and_exits_with_its_status(tmp_path, signum, status):
+    """A CI timeout or Ctrl-C: each lane gets one SIGINT, so its fixtures' teardown runs (where servers stop)."""
+    project(tmp_path)
+    (tmp_path / "conftest.py").write_text(textwrap.dedent("""
+        import pathlib
+        import pytest
+
+        @pytest.fixture(autouse=True)
+        def server(request):
+            name = request.node.name
+            pathlib.Path(name + ".started").touch()
+            yield
+            pathlib.Path(name + ".stopped").touch()
+    """))
+    for path in tmp_path.glob("test_*.py"):  # every test now waits to be stopped
+        path.write_text(path.read_text().replace("assert True", "__import__('time').sleep(120)"))
+    runner = subprocess.Popen([sys.executable, str(LANES_SCRIPT), "--progress", "0.5"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("*.started"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lanes_running = psutil.Process(runner.pid).children()
+        assert len(lanes_running) == 3, lanes_running
+        runner.send_signal(signum)
+        _, err = runner.communicate(timeout=60)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert runner.returncode == status, err
+    assert sorted(path.name for path in tmp_path.glob("*.stopped")) == [
+        "test_in_the_rest_lane.stopped", "test_in_the_servers_lane.stopped", "test_in_the_torchserve_lane.stopped"]
+    assert f"lanes: stopped by {signal.Signals(signum).name}" in err
+    _, alive = psutil.wait_procs(lanes_running, timeout=10)
+    assert not alive
