@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import date
 
 from settings.fields import SettingsError
+from settings.serving import GRAVITON_IMAGES
 
 WARN_DAYS = 90
 TODAY_ENV = "PATCH_WINDOW_TODAY"
@@ -135,7 +136,7 @@ def deployed_images(settings) -> dict[str, str]:
     if sentiment.enabled and sentiment.runtime == "server":
         images["python:3.13-slim-trixie"] = "sentiment.runtime=server"
     elif sentiment.enabled:
-        repository = "pytorch-inference-arm64" if sentiment.pytorch_version >= "2.5" else "pytorch-inference-graviton"
+        repository = GRAVITON_IMAGES[sentiment.pytorch_version][0]
         images[f"{repository}:{sentiment.pytorch_version.rsplit('.', 1)[0]}"] = "sentiment.runtime=dlc"
     if settings.falcon.enabled:
         images[f"djl-inference:{settings.falcon.lmi_version}"] = f"falcon.lmi_version={settings.falcon.lmi_version}"

@@ -22,6 +22,14 @@ ConfigJsonPath = text(r"^\S+\.json$", "a path to a model's config.json file")
 HubRevision = text(r"^[A-Za-z0-9][\w.-]{0,99}$", "a Hugging Face revision: a commit hash, tag or branch name")
 
 
+# The retired TorchServe images of sentiment.runtime=dlc: PyTorch version -> (repository, tag, Python of the image).
+# The repository changed name at 2.5. stacks/sentiment.py builds their URIs, settings/patch_windows.py dates them.
+GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
+    "2.4.0": ("pytorch-inference-graviton", "2.4.0-cpu-py311-ubuntu22.04-sagemaker", "3.11"),
+    "2.6.0": ("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker", "3.12"),
+}
+
+
 @section
 class SentimentSettings:
     """The Graviton endpoint for the fine-tuned model (images and instance sizes in stacks/sentiment.py)."""
@@ -29,7 +37,7 @@ class SentimentSettings:
     enabled: bool = setting(False, "deploy the sentiment endpoint")
     model_data_url: ModelArchive | None = setting(None, "the trained model archive (needed when enabled)")
     instance_type: SageMakerInstanceType = setting("ml.c7g.4xlarge", "endpoint instance type")
-    pytorch_version: Literal["2.4.0", "2.6.0"] = setting("2.6.0", "PyTorch Graviton inference image")
+    pytorch_version: Literal[tuple(GRAVITON_IMAGES)] = setting("2.6.0", "PyTorch Graviton inference image")
     min_instances: int = setting(1, "endpoint instances at least", ge=1, le=20)
     max_instances: int = setting(2, "endpoint instances at most (autoscaling)", ge=1, le=20)
     workers: int = setting(2, "model server workers per instance", ge=1, le=64)

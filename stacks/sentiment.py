@@ -27,17 +27,12 @@ from constructs import Construct
 
 from inference.sentiment import container as inference_container
 from settings import Settings, SettingsError
-from settings.serving import SentimentSettings
+from settings.serving import GRAVITON_IMAGES, SentimentSettings
 from stacks.base import EnvironmentStack, endpoint_log_group
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus
 from stacks.nag import acknowledge
 
-# PyTorch version -> (repository, tag, Python of the image). The repository changed name at 2.5.
-GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
-    "2.4.0": ("pytorch-inference-graviton", "2.4.0-cpu-py311-ubuntu22.04-sagemaker", "3.11"),
-    "2.6.0": ("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker", "3.12"),
-}
 # Graviton families SageMaker hosts (m7g and r7g are not offered for hosting).
 GRAVITON_FAMILIES = ("c6g", "c7g", "c8g", "m6g", "r6g")
 VARIANT = "AllTraffic"
