@@ -36,13 +36,14 @@ LANES = {"torchserve": "torchserve", "servers": "servers and not torchserve", "r
 LANE_TESTPATHS = {"torchserve": ("tests/inference",),
                   "servers": ("tests/inference", "tests/loadtest", "tests/falcon_benchmark")}
 
+NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
+PERCENT = re.compile(rb"\[\s*(\d+)%\]")
+STOP_GRACE_S = 120  # for a lane's teardown after SIGINT: stopping a TorchServe takes about 5 s
+
 
 def lane_of(markers: set[str]) -> str:
     """The lane a test with these marker names runs in, by the same rules as the marker expressions in LANES."""
     return "torchserve" if "torchserve" in markers else "servers" if "servers" in markers else "rest"
-NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED
-PERCENT = re.compile(rb"\[\s*(\d+)%\]")
-STOP_GRACE_S = 120  # for a lane's teardown after SIGINT: stopping a TorchServe takes about 5 s
 
 
 @dataclass
@@ -85,10 +86,9 @@ def lane_environment() -> dict[str, str]:
 
 def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane:
     log = workdir / f"{name}.log"
-    command = [sys.executable, "-m", "pytest", "-m", marker, f"--basetemp={workdir / name}",
+    testpaths = ["-o", "testpaths=" + " ".join(LANE_TESTPATHS[name])] if name in LANE_TESTPATHS else []
+    command = [sys.executable, "-m", "pytest", *testpaths, "-m", marker, f"--basetemp={workdir / name}",
                "-o", f"cache_dir={Path('.pytest_cache') / ('lane-' + name)}", *pytest_args]
-    if name in LANE_TESTPATHS:
-        command[3:3] = ["-o", "testpaths=" + " ".join(LANE_TESTPATHS[name])]
     with log.open("wb") as out:
         # A session of its own: a signal to our group reaches the lanes only as the one SIGINT `stop` sends.
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=lane_environment(),
@@ -96,8 +96,10 @@ def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane
     return Lane(name, process, log, time.monotonic())
 
 
-def stop(lanes: list[Lane], processes) -> None:
+def stop(lanes: list[Lane]) -> None:
     """SIGINT to every running lane, so pytest tears its fixtures down (servers included), then whatever is left."""
+    from inference import processes
+
     running = [lane for lane in lanes if lane.process.poll() is None]
     for lane in running:
         lane.process.send_signal(signal.SIGINT)
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                     next_report += args.progress
         except processes.Stopped:
             with processes.shielded():
-                stop(lanes, processes)
+                stop(lanes)
             print(f"lanes: stopped by {signal.Signals(processes.received()).name}", file=sys.stderr)
             processes.finish(processes.exit_status(processes.received()))
     statuses = [lane.process.returncode for lane in lanes]
