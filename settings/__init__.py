@@ -17,8 +17,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-from pydantic.fields import FieldInfo
+from pydantic import TypeAdapter, ValidationError
 
 from settings.fields import SettingsError, describe_allowed, lax
 from settings.model import Settings
@@ -30,15 +29,17 @@ Layer = Mapping[str, Any]
 
 
 @functools.cache
-def catalogue(cls: type = Settings, prefix: str = "") -> dict[str, FieldInfo]:
-    """Every dotted setting path and its declaration, in declaration order (the environment's name is no setting)."""
-    fields: dict[str, FieldInfo] = {}
-    for name, info in cls.__pydantic_fields__.items():
-        if hasattr(info.annotation, "__pydantic_fields__"):
-            fields.update(catalogue(info.annotation, f"{prefix}{name}."))
-        elif prefix or name != "name":
-            fields[prefix + name] = info
-    return fields
+def catalogue(cls: type = Settings) -> dict[str, dict[str, Any]]:
+    """Every dotted setting and the JSON Schema pydantic makes of its declaration, in declaration order."""
+    schema = TypeAdapter(cls).json_schema()
+
+    def walk(properties: Layer, prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        for name, entry in properties.items():
+            if "$ref" in entry:  # a section
+                yield from walk(schema["$defs"][entry["$ref"].rpartition("/")[2]]["properties"], f"{prefix}{name}.")
+            elif prefix or name != "name":  # the environment's name is no setting
+                yield prefix + name, entry
+    return dict(walk(schema["properties"], ""))
 
 
 def known_settings() -> list[str]:
@@ -78,13 +79,16 @@ def load_with_sources(env_name: str | None = None, overrides: Layer | None = Non
         if scope in ("", env_name):
             given.append((setting_key, value, f"-c {key}"))
     known = catalogue()
-    values, sources = {}, dict.fromkeys(known, "default")
+    values, sources, nested = {}, dict.fromkeys(known, "default"), {}
     for key, value, source in given:
         if key not in known:
             raise _unknown(key, value)
         values[key], sources[key] = value, source
+        *sections, name = key.split(".")
+        section = functools.reduce(lambda inner, part: inner.setdefault(part, {}), sections, nested)
+        section[name] = lax(known[key], value)
     try:
-        settings = Settings(name=env_name, **_nest({key: lax(known[key], value) for key, value in values.items()}))
+        settings = Settings(name=env_name, **nested)
     except ValidationError as error:
         raise _one_line(error, values) from None
     return settings, sources
@@ -108,14 +112,6 @@ def _flatten(values: Layer | None, prefix: str = "") -> Iterator[tuple[str, Any]
             yield from _flatten(value, f"{prefix}{key}.")
         else:
             yield prefix + key, value
-
-
-def _nest(flat: Layer) -> dict[str, Any]:
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        *sections, name = key.split(".")
-        functools.reduce(lambda inner, part: inner.setdefault(part, {}), sections, nested)[name] = value
-    return nested
 
 
 def _unknown(key: str, value: Any) -> SettingsError:

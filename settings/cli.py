@@ -15,13 +15,10 @@ import argparse
 import functools
 import json
 import sys
-import typing
-from typing import Any, Literal
-
-from pydantic.fields import FieldInfo
+from typing import Any
 
 from settings import DEFAULT_ENVIRONMENT, catalogue, load_with_sources
-from settings.fields import SettingsError, describe_allowed, value_type
+from settings.fields import SettingsError, accepts, describe_allowed
 
 
 def _context_pair(text: str) -> tuple[str, str]:
@@ -53,10 +50,12 @@ def show_value(value: Any) -> str:
     return str(value) if value != "" else '""'
 
 
-def type_name(info: FieldInfo) -> str:
-    kind, optional, _ = value_type(info)
-    origin = typing.get_origin(kind)
-    name = "choice" if origin is Literal else "list[str]" if origin is tuple else kind.__name__
+TYPE_NAMES = {"boolean": "bool", "integer": "int", "number": "float", "string": "str", "array": "list[str]"}
+
+
+def type_name(schema: dict[str, Any]) -> str:
+    accepted, optional = accepts(schema)
+    name = "choice" if "enum" in accepted else TYPE_NAMES[accepted["type"]]
     return f"{name} | none" if optional else name
 
 
@@ -64,11 +63,10 @@ def describe(env_name: str | None, overrides: dict[str, str]) -> list[dict[str, 
     """One row per setting, in declaration order."""
     settings, sources = load_with_sources(env_name, overrides)
     rows = []
-    for key, info in catalogue().items():
+    for key, schema in catalogue().items():
         rows.append({"key": key, "value": functools.reduce(getattr, key.split("."), settings), "source": sources[key],
-                     "type": type_name(info), "allowed": describe_allowed(info),
-                     "unit": (info.json_schema_extra or {}).get("unit"), "description": info.description or "",
-                     "environment": settings.name})
+                     "type": type_name(schema), "allowed": describe_allowed(schema), "unit": schema.get("unit"),
+                     "description": schema.get("description", ""), "environment": settings.name})
     return rows
 
 

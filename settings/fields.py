@@ -1,10 +1,8 @@
 """How a setting is declared: `name: type = setting(default, "what it means", ge=..., le=..., unit=...)`.
 
 Choices are `Literal[...]`, optional settings `X | None`, comma lists `tuple[str, ...]`, and strings with a
-shape `text(pattern, allowed)` or one of the named shapes below.
-
-Constraints, meaning and unit sit beside the default, once; validation, error wording, `make settings` and the
-JSON Schema for cdk.json all read them from here (value_type, lax, describe_allowed read a declaration back).
+shape `text(pattern, allowed)` or one of the named shapes below. Validation, errors, `make settings` and cdk.json's
+JSON Schema all read the one JSON Schema pydantic makes of these declarations (`lax` and `describe_allowed` here).
 """
 
 from __future__ import annotations
@@ -12,13 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import types
-import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints
 from pydantic.dataclasses import dataclass
-from pydantic.fields import FieldInfo
 
 
 class SettingsError(ValueError):
@@ -38,9 +33,14 @@ LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 
 
 @dataclasses.dataclass(frozen=True)
 class Allowed:
-    """How errors and `make settings` word what a pattern accepts (a regex is no answer for a user)."""
+    """What a pattern accepts, in words (a regex is no answer for a user). The JSON Schema carries them as
+    `patternErrorMessage`, which VS Code shows instead of the regex (microsoft/vscode 020f7c6d
+    src/vs/base/common/jsonSchema.ts; vscode-json-languageservice src/parser/jsonParser.ts)."""
 
     words: str
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        return {**handler(core_schema), "patternErrorMessage": self.words}
 
 
 def text(pattern: str, allowed: str) -> Any:
@@ -73,41 +73,38 @@ def setting(default: Any, description: str, *, unit: str | None = None, ge: floa
     return Field(default, description=description, ge=ge, le=le, json_schema_extra={"unit": unit} if unit else None)
 
 
-def value_type(info: FieldInfo) -> tuple[Any, bool, list[Any]]:
-    """(the setting's type without None or Annotated, whether None is allowed, its constraints and markers)."""
-    kind, metadata = info.annotation, list(info.metadata)
-    if optional := typing.get_origin(kind) in (typing.Union, types.UnionType):
-        kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-    if typing.get_origin(kind) is Annotated:
-        kind, metadata = kind.__origin__, metadata + list(kind.__metadata__)
-    return kind, optional, metadata
+def accepts(schema: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """(what a setting's JSON Schema accepts besides null, whether it accepts null)."""
+    options = schema.get("anyOf", [schema])
+    return next(option for option in options if option.get("type") != "null"), len(options) > 1
 
 
-def lax(info: FieldInfo, value: Any) -> Any:
-    """What a `-c` string means for this setting's type; pydantic's lax mode does the rest (bools, numbers)."""
-    kind, optional, _ = value_type(info)
+def lax(schema: dict[str, Any], value: Any) -> Any:
+    """What a `-c` string means for this setting; pydantic's lax mode does the rest (bools, numbers)."""
     if not isinstance(value, str):
         return value
+    accepted, optional = accepts(schema)
     if optional and value.strip().lower() in ("", "none", "null"):
         return None
-    if typing.get_origin(kind) is tuple:
+    if accepted["type"] == "array":
         return tuple(item.strip() for item in value.split(",") if item.strip())
-    if typing.get_origin(kind) is Literal and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value) if int(value) in typing.get_args(kind) else value
+    if accepted["type"] == "integer" and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)  # pydantic reads "4" as 4 for an int, but not for a choice among ints
     return value
 
 
-def describe_allowed(info: FieldInfo, error_type: str = "") -> str:
+TYPE_WORDS = {"boolean": "true or false", "integer": "an integer", "number": "a number", "string": "a string",
+              "array": "a comma-separated list"}
+
+
+def describe_allowed(schema: dict[str, Any], error_type: str = "") -> str:
     """What a setting accepts, in words: choices, the declared phrase, or its type and range."""
-    kind, _, metadata = value_type(info)
-    if typing.get_origin(kind) is Literal:
-        return "one of " + ", ".join(str(choice) for choice in typing.get_args(kind))
-    if words := next((marker.words for marker in metadata if isinstance(marker, Allowed)), None):
-        return words
-    word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-        kind, "a comma-separated list")
-    bounds = {type(marker).__name__: marker for marker in metadata}
-    if "Ge" not in bounds or "Le" not in bounds:
-        return word
-    out_of_range = error_type in ("greater_than_equal", "less_than_equal")
-    return f"{'a value' if out_of_range else word} from {bounds['Ge'].ge:g} to {bounds['Le'].le:g}"
+    accepted, _ = accepts(schema)
+    if "enum" in accepted:
+        return "one of " + ", ".join(str(choice) for choice in accepted["enum"])
+    if "patternErrorMessage" in accepted:
+        return accepted["patternErrorMessage"]
+    if "minimum" not in accepted or "maximum" not in accepted:
+        return TYPE_WORDS[accepted["type"]]
+    word = "a value" if error_type in ("greater_than_equal", "less_than_equal") else TYPE_WORDS[accepted["type"]]
+    return f"{word} from {accepted['minimum']:g} to {accepted['maximum']:g}"

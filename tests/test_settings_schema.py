@@ -53,3 +53,13 @@ def test_schema_rejects_a_typo_or_bad_value_in_cdk_json(validator, path, key, va
     target[key] = value
     messages = [error.message for error in validator.iter_errors(document)]
     assert any(fragment in message for message in messages), messages
+
+
+def test_a_pattern_carries_its_words_for_editors():
+    """VS Code shows `patternErrorMessage` instead of the regex for a value that does not match
+    (microsoft/vscode-json-languageservice src/parser/jsonParser.ts: patternErrorMessage || errorMessage || ...)."""
+    definitions = json.loads(render())["$defs"]
+    region = definitions["Environment"]["properties"]["region"]
+    assert region["patternErrorMessage"] == "an AWS region name such as us-west-2" and region["pattern"]
+    optional_secret = definitions["FalconSettings"]["properties"]["hf_token_secret"]["anyOf"][0]
+    assert optional_secret["patternErrorMessage"] == "a Secrets Manager secret name or ARN"
