@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from typing import Any
 
@@ -107,5 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             _print_rows(describe(env_name, overrides))
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `make settings | head` stopped reading: no traceback (Python docs, signal, SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     return 0

@@ -130,3 +130,12 @@ def test_settings_sit_below_the_cdk_layer():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`make settings ENV=prod | head -3`: the pipe closes under the writer, which says nothing more."""
+    shell = f"{sys.executable} -m settings --env prod | head -3"
+    result = subprocess.run(["bash", "-c", f"set -o pipefail; {shell}"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.stdout.splitlines()[0] == "# environment prod" and len(result.stdout.splitlines()) == 3
+    assert result.stderr == ""
