@@ -19,9 +19,11 @@ rolling_batch.py; 0.33+: lmi_vllm/vllm_async_service.py). Batching is simulated:
 `batch_size` requests for `max_batch_delay_s`, rolling decodes up to `max_rolling` requests one token per step.
 
 Failures, each the way DJL reports it: `fail_next` (the handler fails before answering: a non-200 status),
-`fail_streams` (the engine fails after the 200: DJL's record appended to the body). `merge=k` makes vLLM merge
-k tokens per line, as it does when the reader falls behind. SageMaker's own stream errors (ModelStreamError
-with ModelInvocationTimeExceeded or StreamBroken) come only from `sagemaker_runtime(..., stream_errors=[...])`.
+`fail_streams` (the engine fails after the 200: DJL's record appended to the body; `djl_pretty_print=True`, 0.33+
+only, is the container's DJL_PRETTY_PRINT=true, which makes Gson write that record over several lines).
+`merge=k` makes vLLM merge k tokens per line, as it does when the reader falls behind. SageMaker's own stream
+errors (ModelStreamError with ModelInvocationTimeExceeded or StreamBroken) come only from
+`sagemaker_runtime(..., stream_errors=[...])`.
 
 As a process, for trying a client against it or checking how it stops (tests/inference/test_signals.py):
 
@@ -96,26 +98,42 @@ def handler_error(version: str, error: str) -> bytes:
     return python_json({"code": 424, "message": message, "error": error})
 
 
-def gson_output_record(version: str, code: int, message: str) -> bytes:
-    """Gson (compact: djl's JsonUtils.GSON has no pretty printing at v0.23.0 nor, without DJL_PRETTY_PRINT, from
-    v0.34.0) of ai.djl.modality.Output(code, message): Output's fields, then Input's. djl v0.34+ adds
-    `cancelled`."""
+_GSON_HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "=": "\\u003d", "'": "\\u0027"}
+
+
+def gson(value, pretty: bool = False) -> bytes:
+    """What a default Gson writes (djl's JsonUtils.builder()): non-ASCII kept, HTML characters escaped
+    (GsonBuilder's default), compact; with setPrettyPrinting (djl v0.24.0+ when DJL_PRETTY_PRINT=true, api
+    JsonUtils.java) one member a line, indented by two spaces, `"key": value`, empty containers as {} and []."""
+    text = json.dumps(value, ensure_ascii=False, indent=2 if pretty else None,
+                      separators=(",", ": ") if pretty else (",", ":"))
+    return "".join(_GSON_HTML_ESCAPES.get(char, char) for char in text).encode()
+
+
+def gson_output_record(version: str, code: int, message: str, pretty: bool = False) -> bytes:
+    """Gson of ai.djl.modality.Output(code, message): Output's fields, then Input's; djl v0.34+ adds `cancelled`.
+    Compact at djl v0.23.0 (bae9212b: `GSON = new GsonBuilder().create()`); from v0.24.0 pretty-printed when the
+    container sets DJL_PRETTY_PRINT=true (`pretty`)."""
+    if pretty and not vllm_era(version):
+        raise ValueError("djl v0.23.0's JsonUtils.GSON never pretty-prints (DJL_PRETTY_PRINT arrived in v0.24.0)")
     record = {"code": code, "message": message, "properties": {}, "content": {"keys": [], "values": []}}
     if vllm_era(version):
         record["cancelled"] = False
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+    return gson(record, pretty)
 
 
-def engine_failure(version: str) -> bytes:
-    """The engine dying after the 200, appended with no newline.
+def engine_failure(version: str, pretty: bool = False) -> bytes:
+    """The engine dying after the 200, appended with no newline after what was already sent.
 
     0.33+: AsyncRequestManager.java terminateInFlightRequests appends Gson of Output(500, "Inference Engine
-    Failure") to every active request. 0.23: rolling_batch.py stop_on_any_exception resets the batch (so
-    postprocess_results returns nothing), RollingBatch.java sees the size mismatch and appends Gson of
-    Output(output.getCode() = 200, "Batch inference failed")."""
+    Failure") to every active request. 0.23 (0.23.0-dlc 07673c54): rolling_batch.py stop_on_any_exception resets
+    the batch and returns postprocess_results(0), an empty list; huggingface.py inference then reads result[idx]
+    for each request of the batch (IndexError); djl_python_engine.py answers Output().error(str(e)), code 424; and
+    RollingBatch.java run, seeing code != 200, appends Gson of Output(424, "Batch inference failed") to every
+    request and ends it."""
     if vllm_era(version):
-        return gson_output_record(version, 500, "Inference Engine Failure")
-    return gson_output_record(version, 200, "Batch inference failed")
+        return gson_output_record(version, 500, "Inference Engine Failure", pretty)
+    return gson_output_record(version, 424, "Batch inference failed", pretty)
 
 
 def request_error(error: str, code: int = 424) -> bytes:
@@ -205,7 +223,8 @@ class FakeLmi(ThreadingHTTPServer):
 
     def __init__(self, mode: str = "rolling", *, version: str = "0.36.0-lmi27", output_formatter: str = "json",
                  batch_size: int = 4, max_batch_delay_s: float = 0.01, max_rolling: int = 8,
-                 prefill_s: float = 0.005, token_s: float = 0.002, merge: int = 1, port: int = 0):
+                 prefill_s: float = 0.005, token_s: float = 0.002, merge: int = 1, djl_pretty_print: bool = False,
+                 port: int = 0):
         if mode not in ("dynamic", "rolling"):
             raise ValueError(f"mode {mode!r}: dynamic or rolling")
         if version not in VERSIONS:
@@ -214,7 +233,10 @@ class FakeLmi(ThreadingHTTPServer):
             raise ValueError(f"output_formatter {output_formatter!r}: json or jsonlines (0.23 rolling only)")
         if merge < 1 or (merge > 1 and (mode != "rolling" or not vllm_era(version))):
             raise ValueError(f"merge {merge}: vLLM merges outputs; use 1 outside rolling on 0.33+")
+        if djl_pretty_print and not vllm_era(version):
+            raise ValueError("djl_pretty_print: djl v0.23.0's Gson never pretty-prints (DJL_PRETTY_PRINT is v0.24+)")
         self.mode, self.version, self.output_formatter, self.merge = mode, version, output_formatter, merge
+        self.djl_pretty_print = djl_pretty_print  # the container's DJL_PRETTY_PRINT=true (Gson records span lines)
         self.batch_size, self.max_batch_delay_s = batch_size, max_batch_delay_s
         self.max_rolling, self.prefill_s, self.token_s = max_rolling, prefill_s, token_s
         self.payloads: list[dict | None] = []
@@ -390,7 +412,7 @@ class _Handler(BaseHTTPRequestHandler):
         text = "".join(texts)
         if form in _STREAMED:
             if failed:
-                self._chunk(engine_failure(server.version))
+                self._chunk(engine_failure(server.version, server.djl_pretty_print))
             elif form in ("vllm-stream", "chat-stream"):
                 self._chunk(VLLM_STREAM_END if form == "vllm-stream" else b"\n")  # chat: "[DONE]" -> "\n"
             self._chunk(b"")
@@ -398,7 +420,7 @@ class _Handler(BaseHTTPRequestHandler):
             if form == "dynamic":
                 self._send(424, handler_error(server.version, "engine failed"))
             else:
-                self._send(500, engine_failure(server.version))
+                self._send(500, engine_failure(server.version, server.djl_pretty_print))
         elif form == "dynamic":
             self._send(200, dynamic_answer(payload["inputs"], text))
         elif form == "chat-whole":

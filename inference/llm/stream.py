@@ -18,8 +18,15 @@ What the container sends, read at DJL Serving's release branches (github.com/dee
   vLLM reports inside its stream: a line `{"error": ...}` (passed through by the formatter).
 - 0.23 rolling (lmi-dist, `rolling_batch/rolling_batch.py`): with option.output_formatter=json (default) the chunks
   form ONE JSON document `{"generated_text": "..."}` built piece by piece, so nothing can be timed per token;
-  with jsonlines each chunk is `{"outputs": ["text"]}` and a line. An engine failure appends Gson's record of
-  `Output(200, "Batch inference failed")` (`RollingBatch.java`): an error whatever its code.
+  with jsonlines each chunk is `{"outputs": ["text"]}` and a line. An engine failure appends, after the text
+  already sent and with no newline, Gson's record of `Output(code, "Batch inference failed")`
+  (`engines/python/src/main/java/ai/djl/python/engine/RollingBatch.java` run): `stop_on_any_exception` empties the
+  batch, `huggingface.py` inference then indexes the empty result (IndexError), `djl_python_engine.py` answers
+  `Output().error(...)`, code 424. An Output record is an error whatever its code.
+- Gson's form: djl's `JsonUtils.GSON` is compact at djl v0.23.0 (bae9212b, what 0.23.0-dlc builds with); from
+  djl v0.24.0 it pretty-prints (2-space indent, `"key": value`, one field a line) when the container has
+  `DJL_PRETTY_PRINT=true`. So a record after a started stream may span lines; the reader takes any non-JSON line
+  after text as the start of such a trailer and reads DJL's code and message from it when the answer ends.
 - Dynamic batching (every version, `huggingface.py`): one whole answer even with `"stream": true`,
   `[{"generated_text": "prompt + answer"}]` pretty-printed over several lines (`outputs.py` Output._encode_json,
   indent=2). A failing handler answers with a non-200 status and Output.error's pretty-printed
@@ -38,11 +45,14 @@ Timings, per request, in seconds from sending:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 STREAM_ACCEPT = "application/jsonlines"
 _OUTPUT_RECORD_KEYS = {"code", "message", "properties", "content"}  # Gson of djl's ai.djl.modality.Output
+# Where a DJL error record may start inside other text: `{` then its first key, compact or pretty-printed.
+_RECORD_START = re.compile(rb'\{\s*"(?:code|error)"\s*:')
 
 
 class StreamFailed(RuntimeError):
@@ -123,29 +133,33 @@ class TokenStream:
     reported_tokens: int | None = None  # details.generated_tokens or usage.completion_tokens, when the server sent it
     _buffer: bytes = b""
     _document: bool = False
+    _trailer: bool = False  # a non-JSON line after text: DJL's error record, maybe over several lines
 
     def feed(self, at: float, chunk: bytes) -> list[str]:
         """Add a chunk that arrived `at` seconds after sending; returns the text pieces it completed."""
         self._buffer += chunk
-        if self._document:
+        if self._document or self._trailer:
             return []
         *complete, self._buffer = self._buffer.split(b"\n")
         added: list[str] = []
         for number, line in enumerate(complete):
             added += self._line(at, line)
-            if self._document:  # keep the document's bytes whole for finish()
+            if self._document or self._trailer:  # keep the bytes whole for finish()
                 self._buffer = b"\n".join([*complete[number:], self._buffer])
                 break
         return added
 
     def finish(self, at: float) -> list[str]:
-        """The end of the answer: a document is parsed now; a last line without a newline still counts."""
+        """The end of the answer: a document or trailer is parsed now; a last line without a newline still counts."""
         rest, self._buffer = self._buffer, b""
-        if not self._document:
+        if not self._document and not self._trailer:
             pieces = self._line(at, rest)
-            if not self._document:
+            if not self._document and not self._trailer:
                 return pieces
-        self._read_document(rest)
+        if self._trailer:
+            self._read_trailer(rest)
+        else:
+            self._read_document(rest)
         return []
 
     def _line(self, at: float, raw: bytes) -> list[str]:
@@ -159,8 +173,8 @@ class TokenStream:
         except ValueError:
             if not self.texts and self.final_text is None and self.error is None:
                 self._document = True
-            else:
-                self.error = self.error or f"not a JSON line: {line[:80].decode('utf-8', 'replace')}"
+            elif self.error is None:
+                self._trailer = True  # read whole at the end: a pretty-printed record spans lines
             return []
         message = error_message(item)
         if message is not None:
@@ -221,18 +235,25 @@ class TokenStream:
             return
         self.final_text, self.whole, self.reported_tokens = text, True, reported
 
+    def _read_trailer(self, data: bytes) -> None:
+        """What followed the streamed lines: DJL's error record (compact or pretty-printed), else an error anyway."""
+        self.error = self.error or self._trailing_error(data) or \
+            f"not a JSON line: {data.strip().splitlines()[0][:80].decode('utf-8', 'replace')}"
+
     @staticmethod
     def _trailing_error(data: bytes) -> str | None:
-        """DJL's error record appended to a document cut short (0.23's json formatter after a failure)."""
-        text = data.decode("utf-8", "replace")
-        start = text.rfind('{"code"')
-        if start < 0:
-            return None
-        try:
-            item, _end = json.JSONDecoder().raw_decode(text[start:])
-        except ValueError:
-            return None
-        return error_message(item)
+        """The message of the last DJL error record in `data`, whatever precedes it (0.23's json formatter's text
+        cut short, or JSON lines), compact or pretty-printed; None when there is none."""
+        decoder = json.JSONDecoder()
+        for match in reversed(list(_RECORD_START.finditer(data))):
+            try:
+                item, _end = decoder.raw_decode(data[match.start():].decode("utf-8", "replace"))
+            except ValueError:
+                continue
+            message = error_message(item)
+            if message is not None:
+                return message
+        return None
 
     @property
     def streamed(self) -> bool:

@@ -118,13 +118,13 @@ def test_engine_failure_after_the_200_is_an_error_with_djls_message(version):
 
 
 @pytest.mark.parametrize("formatter", ["json", "jsonlines"])
-def test_lmi_dist_failure_record_counts_even_with_code_200(formatter):
+def test_lmi_dist_failure_record_is_an_error_with_djls_code(formatter):
     with FakeLmi("rolling", version="0.23.0", output_formatter=formatter, token_s=0.0005) as server:
         server.fail_streams(1, after=2)
         _status, data = post(server, stream_payload("Hi", 8, False))
     for seed in SEEDS:
         answer, _ = through_sagemaker(data, seed)
-        assert answer.error == "Batch inference failed (code 200)"
+        assert answer.error == "Batch inference failed (code 424)"
 
 
 @pytest.mark.parametrize("version", VLLM_VERSIONS)
