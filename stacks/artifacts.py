@@ -12,6 +12,10 @@ from constructs import Construct
 from settings import Settings
 from settings.network import ArtifactSettings
 from stacks.base import EnvironmentStack
+from stacks.nag import acknowledge, compliance
+
+NO_REPLICATION = ("one region by design: versioned and retained on stack deletion; a replica in a second region is a "
+                  "disaster-recovery choice (and cost) left to the operator")
 
 
 class ArtifactsStack(EnvironmentStack):
@@ -54,6 +58,13 @@ class ArtifactsStack(EnvironmentStack):
             conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn":
                                     f"arn:{self.partition}:logs:{self.region}:{self.account}:log-group:*"}},
         ))
+        # EventBridge publishes to the encrypted alarm topic (ECR scan results) and writes its dead-letter queues.
+        key.add_to_resource_policy(iam.PolicyStatement(
+            principals=[iam.ServicePrincipal("events.amazonaws.com")],
+            actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+            resources=["*"],
+            conditions={"StringEquals": {"aws:SourceAccount": self.account}},
+        ))
         # CloudWatch alarms publish to the encrypted alarm topic.
         key.add_to_resource_policy(iam.PolicyStatement(
             principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
@@ -78,6 +89,9 @@ class ArtifactsStack(EnvironmentStack):
             )],
             removal_policy=cdk.RemovalPolicy.RETAIN,
         )
+        acknowledge(bucket, compliance("S3DefaultEncryptionKMS"),
+                    "S3 delivers server access logs only to SSE-S3 buckets, not SSE-KMS")
+        acknowledge(bucket, compliance("S3BucketReplicationEnabled"), NO_REPLICATION)
         return bucket
 
     def _artifact_bucket(self, config: ArtifactSettings) -> s3.Bucket:
@@ -100,6 +114,7 @@ class ArtifactsStack(EnvironmentStack):
         )
         # The operations stack reacts to a run's _SUCCESS marker through EventBridge. Set natively rather than
         # with event_bridge_enabled=True, which would add a custom-resource Lambda for the same switch.
+        acknowledge(bucket, compliance("S3BucketReplicationEnabled"), NO_REPLICATION)
         cfn_bucket = bucket.node.default_child
         cfn_bucket.notification_configuration = s3.CfnBucket.NotificationConfigurationProperty(
             event_bridge_configuration=s3.CfnBucket.EventBridgeConfigurationProperty(event_bridge_enabled=True))

@@ -17,7 +17,7 @@ from constructs import Construct
 
 from settings import REPO_ROOT
 from stacks.base import log_retention
-from stacks.nag import acknowledge
+from stacks.nag import CUSTOM_RESOURCE_LAMBDA, acknowledge, acknowledge_each
 
 # The operations stack's Lambda runtime (stacks/operations.py LAMBDA_RUNTIME; importing it here would be circular).
 RUNTIME = lambda_.Runtime.PYTHON_3_14
@@ -58,6 +58,7 @@ class EndpointLogGroup(Construct):
             log_group=function_logs,
             timeout=cdk.Duration.seconds(60),
             memory_size=128,
+            tracing=lambda_.Tracing.ACTIVE,  # like every Lambda of ours (Serverless-LambdaTracing)
         )
         # CDK writes both a DependsOn and a GetAtt on the role; cfn-lint notes the redundancy (W3005).
         function.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
@@ -73,6 +74,9 @@ class EndpointLogGroup(Construct):
         finding = f"arn:{partition}:logs:{region}:{account}:log-group:{self.log_group_name}:*"
         acknowledge(role, f"IAM5[Resource::{finding}]",
                     "log-group actions match the group's ARN with the :* suffix; scoped to this one group")
+        acknowledge(role, "IAM5[Resource::*]",
+                    "xray:PutTraceSegments and xray:PutTelemetryRecords (active tracing) have no resource-level scope.")
+        acknowledge_each(function, CUSTOM_RESOURCE_LAMBDA)
 
 
 def endpoint_log_group(scope: Construct, endpoint_name: str, *, key: kms.IKey, retention_days: int) -> EndpointLogGroup:

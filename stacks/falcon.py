@@ -24,7 +24,7 @@ from inference.llm import lmi
 from settings import Settings
 from settings.serving import FalconSettings
 from stacks.base import EnvironmentStack, endpoint_log_group
-from stacks.nag import acknowledge
+from stacks.nag import CUSTOM_RESOURCE_LAMBDA, acknowledge, acknowledge_each, compliance
 
 VARIANT = "AllTraffic"  # stays the same across endpoint configs, so updates and autoscaling keep working
 # SageMaker ends a real-time invocation after 60 s; p90 above this means requests are close to timing out.
@@ -104,10 +104,13 @@ class FalconStack(EnvironmentStack):
                 model_data_download_timeout_in_seconds=config.download_timeout_s,
             )],
             # No endpoint-config KMS key (nor volume size) on instance types with local NVMe storage, which
-            # SageMaker encrypts in hardware and for which it rejects KmsKeyId. AwsSolutions has no rule for
-            # this (the HIPAA/NIST/PCI packs' SageMakerEndpointConfigurationKMSKeyConfigured would flag it).
+            # SageMaker encrypts in hardware and for which it rejects KmsKeyId.
             kms_key_id=None if nvme else key.key_arn,
         )
+        if nvme:
+            acknowledge(endpoint_config, compliance("SageMakerEndpointConfigurationKMSKeyConfigured"),
+                        f"{config.instance_type} has local NVMe storage, encrypted in hardware; SageMaker rejects "
+                        "KmsKeyId for it")
         autoscaled = config.max_instances > config.min_instances
         endpoint = sagemaker.CfnEndpoint(self, "Endpoint", endpoint_name=self.endpoint_name,
                                          endpoint_config_name=endpoint_config.attr_endpoint_config_name,
@@ -170,6 +173,13 @@ class FalconStack(EnvironmentStack):
         acknowledge(provider, "IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
                     "AWSLambdaBasicExecutionRole]",
                     "CDK's AwsCustomResource provider writes only its own logs with the basic execution policy.")
+        acknowledge_each(provider, {
+            **CUSTOM_RESOURCE_LAMBDA,
+            ("Serverless-LambdaTracing", "Serverless-LambdaDefaultMemorySize",
+             *compliance("CloudWatchLogGroupEncrypted")):
+                "CDK's AwsCustomResource provider, whose function and log group CDK shapes; it makes one "
+                "DescribeManagedPrefixLists call per deploy and logs nothing secret",
+        })
         # CDK generates both a DependsOn and a GetAtt on the provider's role; cfn-lint notes the redundancy.
         provider.node.default_child.add_metadata("cfn-lint", {"config": {"ignore_checks": ["W3005"]}})
         return lookup.get_response_field("PrefixLists.0.PrefixListId")

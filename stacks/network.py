@@ -11,6 +11,7 @@ from constructs import Construct
 from settings import Settings
 from settings.network import EndpointSettings
 from stacks.base import EnvironmentStack, log_retention
+from stacks.nag import acknowledge, compliance
 
 # Setting name -> the interface endpoint service it switches.
 INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
@@ -36,12 +37,18 @@ class NetworkStack(EnvironmentStack):
             max_azs=2,
             nat_gateways=config.nat_gateways,
             subnet_configuration=[
-                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                # Public subnets hold only the NAT gateways, whose addresses are Elastic IPs: nothing launched
+                # there needs an automatic public address (NIST/HIPAA/PCI VPCSubnetAutoAssignPublicIpDisabled).
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24,
+                                        map_public_ip_on_launch=False),
                 ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS,
                                         cidr_mask=20),
             ],
             restrict_default_security_group=True,
         )
+        for subnet in self.vpc.public_subnets:
+            acknowledge(subnet, compliance("VPCNoUnrestrictedRouteToIGW"),
+                        "the NAT gateways' subnets route to the internet gateway; no workload runs in them")
         self.flow_log_group = logs.LogGroup(
             self, "FlowLogs",
             encryption_key=key,

@@ -19,7 +19,7 @@ from constructs import Construct
 from settings import REPO_ROOT, Settings
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
-from stacks.nag import acknowledge
+from stacks.nag import GLUE_LAMBDA, acknowledge, acknowledge_each
 from stacks.powertools import layer_directory
 from stacks.sentiment import graviton_image_uri
 
@@ -38,11 +38,15 @@ class OperationsStack(EnvironmentStack):
         config = settings.operations
         topic = artifacts.alarm_topic
         if config.alarm_email:
-            topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
+            email = topic.add_subscription(subscriptions.EmailSubscription(config.alarm_email))
+            acknowledge(email, "Serverless-SNSRedrivePolicy",
+                        "SNS retries e-mail delivery and the alarm's state stays in CloudWatch; a queue of undelivered "
+                        "e-mails would need its own watcher")
 
         self.dead_letters = sqs.Queue(
             self, "DeadLetters", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
             retention_period=cdk.Duration.days(14))
+        acknowledge(self.dead_letters, "Serverless-SQSRedrivePolicy", "it is itself the dead-letter queue")
         # Built from the pinned package (stacks/powertools.py), not the public layer's SSM parameter.
         powertools = lambda_.LayerVersion(
             self, "Powertools",
@@ -107,6 +111,9 @@ class OperationsStack(EnvironmentStack):
             environment={**environment, "METRICS_NAMESPACE": METRICS_NAMESPACE,
                          "POWERTOOLS_SERVICE_NAME": folder.replace("_", "-"), "POWERTOOLS_LOG_LEVEL": "INFO"},
         )
+        acknowledge_each(function, GLUE_LAMBDA)
+        acknowledge(function, "Serverless-LambdaAsyncFailureDestination",
+                    "failed asynchronous invocations go to the dead-letter queue (DeadLetterConfig) already")
         return function
 
     def _triggers(self, artifacts: ArtifactsStack) -> None:

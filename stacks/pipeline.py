@@ -15,7 +15,7 @@ from constructs import Construct
 
 from settings import Settings
 from stacks.environment import EnvironmentStacks, build_environment
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, compliance
 
 # CodeBuild's arm64 image for the asset publishing projects (native builds of the arm64 serving image).
 ASSET_BUILD_IMAGE = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_3_0
@@ -62,6 +62,10 @@ class PipelineStack(cdk.Stack):
                                 object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
                                 lifecycle_rules=[s3.LifecycleRule(expiration=cdk.Duration.days(90))],
                                 removal_policy=cdk.RemovalPolicy.RETAIN)
+        acknowledge(access_logs, (*compliance("S3BucketReplicationEnabled"), *compliance("S3BucketVersioningEnabled"),
+                                  *compliance("S3DefaultEncryptionKMS")),
+                    "server access logs of the pipeline's working bucket: S3 delivers them only to SSE-S3 buckets; "
+                    "they expire after 90 days and are not worth a replica or versions")
         source = pipelines.CodePipelineSource.connection(config.repository, config.branch,
                                                          connection_arn=config.connection_arn)
         synth = pipelines.ShellStep(
@@ -163,3 +167,11 @@ class PipelineStack(cdk.Stack):
         }
         for finding, reason in reasons.items():
             acknowledge(self, f"IAM5[{finding}]", reason)
+        acknowledge(by_path["Pipeline/Pipeline/ArtifactsBucket"],
+                    (*compliance("S3BucketReplicationEnabled"), *compliance("S3BucketVersioningEnabled")),
+                    "CDK Pipelines' working bucket: every run rebuilds its artifacts from the source commit")
+        for project in self.node.find_all():
+            if isinstance(project, codebuild.CfnProject):
+                acknowledge(project, compliance("CodeBuildProjectSourceRepoUrl"),
+                            "CDK Pipelines' projects take their source from CodePipeline artifacts (type "
+                            "CODEPIPELINE), not a repository URL that could carry credentials")

@@ -17,7 +17,7 @@ from settings import REPO_ROOT, Settings, SettingsError
 from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, compliance
 from stacks.sagemaker_training import RUN_PREFIX, TRAINING_REPOSITORY, Resources, pipeline_definition
 from stacks.sentiment import GRAVITON_IMAGES, container_environment, graviton_image_uri
 from stacks.serving_wheels import wheel_target
@@ -58,6 +58,8 @@ class SageMakerTrainingStack(EnvironmentStack):
         # Multi-node training and EFA need all traffic between the job's instances, inbound and outbound.
         self.security_group.add_ingress_rule(self.security_group, ec2.Port.all_traffic(),
                                              "Between the instances of one training job")
+        acknowledge(self.security_group, compliance("EC2RestrictedCommonPorts"),
+                    "all ports only from this same group: the job's own instances (NCCL, EFA), nothing else")
         self.training_role = iam.Role(self, "TrainingRole", assumed_by=iam.ServicePrincipal(SERVICE),
                                       description="SageMaker training job: read code, write its run prefix, log")
         self.pipeline_role = iam.Role(self, "PipelineRole", assumed_by=iam.ServicePrincipal(SERVICE),

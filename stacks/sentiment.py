@@ -23,6 +23,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from inference.sentiment import container as inference_container
@@ -151,7 +152,7 @@ class SentimentStack(EnvironmentStack):
             image = self.serving_image.image_uri
             repository_arn = self.serving_image.repository.repository_arn
             environment = server_environment(config)
-            self._image_scanning(config, alarm_topic)
+            self._image_scanning(config, alarm_topic, key)
         else:
             repository = GRAVITON_IMAGES[config.pytorch_version][0]
             try:
@@ -232,7 +233,7 @@ class SentimentStack(EnvironmentStack):
         cdk.CfnOutput(self, "LogGroupName", value=f"/aws/sagemaker/Endpoints/{self.endpoint_name}",
                       description="Endpoint container logs")
 
-    def _image_scanning(self, config: SentimentSettings, topic: sns.ITopic) -> None:
+    def _image_scanning(self, config: SentimentSettings, topic: sns.ITopic, key: kms.IKey) -> None:
         """ECR basic scanning on push for the container-assets repository, and its findings to the alarm topic.
 
         The bootstrap template creates that repository without scanning, so the registry's scanning rule turns
@@ -255,9 +256,23 @@ class SentimentStack(EnvironmentStack):
                 source=["aws.ecr"], detail_type=["ECR Image Scan"],
                 detail={"repository-name": [asset.repository.repository_name], "image-tags": [asset.asset_hash],
                         "scan-status": ["COMPLETE"]}))
+        # Events EventBridge cannot deliver (after its retries) wait here, and an alarm says so, as for every rule.
+        undelivered = sqs.Queue(self, "ImageScanFindingsDeadLetters", encryption=sqs.QueueEncryption.KMS,
+                                encryption_master_key=key, enforce_ssl=True, retention_period=cdk.Duration.days(14))
+        acknowledge(undelivered, ("Serverless-SQSRedrivePolicy", "SQS3"),
+                    "it is itself a dead-letter queue (of an EventBridge target, which cdk-nag does not trace)")
         findings.add_target(events_targets.SnsTopic(topic, message=events.RuleTargetInput.from_text(
             f"{self.endpoint_name} serving image {asset.asset_hash[:12]}: ECR scan finding counts "
-            f"{events.EventField.from_path('$.detail.finding-severity-counts')}")))
+            f"{events.EventField.from_path('$.detail.finding-severity-counts')}"),
+            dead_letter_queue=undelivered, retry_attempts=4, max_event_age=cdk.Duration.hours(6)))
+        cloudwatch.Alarm(
+            self, "ImageScanFindingsUndelivered",
+            metric=undelivered.metric_approximate_number_of_messages_visible(period=cdk.Duration.minutes(5)),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"{self.endpoint_name}: ECR scan results EventBridge could not deliver",
+        ).add_alarm_action(cw_actions.SnsAction(topic))
         cdk.CfnOutput(self, "ImageScanFindingsCommand", description="List the serving image's scan findings",
                       value=(f"aws ecr describe-image-scan-findings --region {self.region} --repository-name "
                              f"{asset.repository.repository_name} --image-id imageTag={asset.asset_hash}"))
