@@ -90,10 +90,20 @@ def test_vpc_spans_two_zones_with_private_subnets(synthesized):
     template = synthesized("dev").template("network")
     template.resource_count_is("AWS::EC2::VPC", 1)
     subnets = template.find_resources("AWS::EC2::Subnet")
-    private = [s for s in subnets.values() if s["Properties"]["MapPublicIpOnLaunch"] is False]
+    private = [s for name, s in subnets.items() if "private" in name]
     assert len(private) == 2
     zones = {json.dumps(s["Properties"]["AvailabilityZone"]) for s in private}
     assert len(zones) == 2
+    # Public subnets hold only the NAT gateways (Elastic IPs): no subnet hands out public addresses.
+    assert len(subnets) == 4 and all(s["Properties"]["MapPublicIpOnLaunch"] is False for s in subnets.values())
+
+
+def test_eventbridge_may_use_the_key_for_the_alarm_topic_and_its_dead_letter_queues(synthesized):
+    key = next(iter(synthesized("dev").template("artifacts").find_resources("AWS::KMS::Key").values()))
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    events = [s for s in statements if "events.amazonaws.com" in str(s.get("Principal", {}).get("Service"))]
+    assert len(events) == 1 and set(events[0]["Action"]) == {"kms:Decrypt", "kms:GenerateDataKey*"}
+    assert "aws:SourceAccount" in events[0]["Condition"]["StringEquals"]
 
 
 @pytest.mark.parametrize(("config", "nat_gateways"), [("dev", 1), ("prod", 2)])

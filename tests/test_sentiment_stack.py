@@ -85,6 +85,11 @@ def test_endpoint_has_a_stable_name_and_rolls_back_on_alarms(synthesized):
     assert endpoint["RetainAllVariantProperties"] is True
     rollback = endpoint["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
     alarms = template.find_resources("AWS::CloudWatch::Alarm")
+    # Every endpoint alarm rolls back; the scan results' dead-letter alarm only notifies.
+    undelivered = {name for name, alarm in alarms.items()
+                   if alarm["Properties"].get("Namespace") == "AWS/SQS"}
+    assert len(undelivered) == 1
+    alarms = {name: alarm for name, alarm in alarms.items() if name not in undelivered}
     assert sorted(a["AlarmName"]["Ref"] for a in rollback) == sorted(alarms)
     metrics = {a["Properties"]["MetricName"]: a["Properties"] for a in alarms.values()}
     assert set(metrics) == {"Invocation5XXErrors", "ModelLatency"}
@@ -304,3 +309,27 @@ def test_the_image_context_list_matches_the_dockerignore():
 
     ignore = (REPO_ROOT / f"{SERVING_DOCKERFILE}.dockerignore").read_text().splitlines()
     assert [line for line in ignore if line and not line.startswith("#")] == SERVING_IMAGE_CONTEXT
+
+
+def test_scan_findings_rule_has_an_encrypted_ssl_only_dead_letter_queue(synthesized):
+    """Issue 34: EventBridge keeps what it cannot deliver to the alarm topic (Serverless-EventBusDLQ)."""
+    template = synthesized("prod-sentiment").template("sentiment")
+    rule = next(iter(template.find_resources("AWS::Events::Rule", {"Properties": {
+        "EventPattern": {"source": ["aws.ecr"]}}}).values()))
+    target = rule["Properties"]["Targets"][0]
+    queue_id = target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0]
+    queue = template.to_json()["Resources"][queue_id]
+    assert "KmsMasterKeyId" in queue["Properties"]  # the environment's key, not SQS-managed
+    assert target["RetryPolicy"]["MaximumRetryAttempts"] == 4
+    policies = template.find_resources("AWS::SQS::QueuePolicy")
+    statements = [s for p in policies.values() for s in p["Properties"]["PolicyDocument"]["Statement"]
+                  if {"Ref": queue_id} in p["Properties"]["Queues"]]
+    assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+               for s in statements)
+    assert any(s.get("Principal") == {"Service": "events.amazonaws.com"} for s in statements)
+
+
+def test_endpoint_log_group_lambda_is_traced(synthesized):
+    template = synthesized("prod-sentiment").template("sentiment")
+    functions = template.find_resources("AWS::Lambda::Function")
+    assert functions and all(f["Properties"]["TracingConfig"] == {"Mode": "Active"} for f in functions.values())
