@@ -142,14 +142,24 @@ def request_error(error: str, code: int = 424) -> bytes:
     return json.dumps({"error": error, "code": code}, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def vllm_line(tokens: list[tuple[int, str]], history: list[str], finished: bool) -> bytes:
+def vllm_line(tokens: list[tuple[int, str]], history: list[str], finished: bool,
+              details: tuple[int, int] | None = None) -> bytes:
     """0.33+ lmi_vllm/request_response_utils.py convert_completion_chunk_response_to_lmi_schema: one vLLM
     completion chunk, whose text may hold several tokens (vLLM merges outputs when the reader is behind) but whose
-    `logprobs.tokens[0]` is the only id kept. async_utils.py _create_output adds the newline."""
+    `logprobs.tokens[0]` is the only id kept. async_utils.py _create_output adds the newline.
+
+    `details` = (vLLM's usage.completion_tokens, usage.prompt_tokens) when the request asked `"details": true`
+    (lmi_with_details_stream_output_formatter): the last line then carries finish_reason, seed (the request's,
+    None unless sent), generated_tokens = completion_tokens + 1 (DJL's formula) and input_length. vLLM's continuous
+    usage on that line is the running total including it (serving_completion.py completion_stream_generator)."""
     text = "".join(piece for _id, piece in tokens)
     history.append(text)
     chunk = {"index": 0, "token": {"id": tokens[0][0], "text": text, "logprob": LOGPROB},
              "generated_text": "".join(history) if finished else None, "details": None}
+    if finished and details is not None:
+        completion_tokens, prompt_tokens = details
+        chunk["details"] = {"finish_reason": "length", "seed": None, "generated_tokens": completion_tokens + 1,
+                            "input_length": prompt_tokens}
     return json.dumps(chunk, ensure_ascii=False).encode() + b"\n"
 
 
@@ -158,9 +168,16 @@ def vllm_line(tokens: list[tuple[int, str]], history: list[str], finished: bool)
 VLLM_STREAM_END = b"\n\n"
 
 
-def vllm_whole(text: str) -> bytes:
-    """0.33+ non-streamed LMI request: convert_completion_response_to_lmi_schema -> create_non_stream_output."""
-    return json.dumps({"generated_text": text}, ensure_ascii=False).encode() + b"\n"
+def vllm_whole(text: str, tokens: list[tuple[int, str]] | None = None) -> bytes:
+    """0.33+ non-streamed LMI request: convert_completion_response_to_lmi_schema -> create_non_stream_output. With
+    `tokens` (the request asked `"details": true`): details with finish_reason = the choice's stop_reason (None
+    when the length limit ended it), generated_tokens = vLLM's usage.completion_tokens, seed, prefill and the
+    tokens (convert_completion_logprobs_to_tgi_tokens: id, decoded text, logprob)."""
+    answer: dict = {"generated_text": text}
+    if tokens is not None:
+        answer["details"] = {"finish_reason": None, "generated_tokens": len(tokens), "seed": None, "prefill": [],
+                             "tokens": [{"id": id_, "text": piece, "logprob": LOGPROB} for id_, piece in tokens]}
+    return json.dumps(answer, ensure_ascii=False).encode() + b"\n"
 
 
 def chat_chunk(content: str | None, finish_reason: str | None, role: bool = False) -> bytes:
@@ -213,6 +230,8 @@ def _form(server: FakeLmi, payload: dict) -> str:
 @dataclass
 class _Request:
     max_new_tokens: int
+    details: bool = False  # `"details": true` on 0.33+ vLLM (lmi_vllm pops it; other modes are not modelled)
+    prompt_tokens: int = 0  # the fake's tokenizer: one token per whitespace word
     tokens: queue.Queue = field(default_factory=queue.Queue)
     produced: int = 0
     fail_after: int | None = None
@@ -296,7 +315,10 @@ class FakeLmi(ThreadingHTTPServer):
                 count = (payload.get("parameters") or {}).get("max_new_tokens", 30)  # LMI's default is 30
             else:
                 return "Invalid request payload: 'inputs' must be a string", None
-            request = _Request(int(count))
+            parameters = payload.get("parameters") if isinstance(payload.get("parameters"), dict) else {}
+            details = parameters.get("details") is True and self.mode == "rolling" and vllm_era(self.version) \
+                and "messages" not in payload
+            request = _Request(int(count), details, len(str(payload.get("inputs", "")).split()))
             if self._stream_failures:
                 request.fail_after = self._stream_failures.pop(0)
             self._waiting.append(request)
@@ -382,6 +404,7 @@ class _Handler(BaseHTTPRequestHandler):
         pending: list[tuple[int, str]] = []
         history: list[str] = []
         texts: list[str] = []
+        tokens: list[tuple[int, str]] = []
         while True:
             try:
                 item = request.tokens.get(timeout=ANSWER_WAIT_S)
@@ -391,6 +414,7 @@ class _Handler(BaseHTTPRequestHandler):
             if item is _DONE:
                 break
             texts.append(item[1])
+            tokens.append(item)
             last = len(texts) == request.max_new_tokens
             if form not in _STREAMED:
                 continue
@@ -404,7 +428,8 @@ class _Handler(BaseHTTPRequestHandler):
                 pending.append(item)
                 if len(pending) == server.merge or last:
                     if form == "vllm-stream":
-                        self._chunk(vllm_line(pending, history, last))
+                        self._chunk(vllm_line(pending, history, last,
+                                              (len(texts), request.prompt_tokens) if request.details else None))
                     else:
                         self._chunk(chat_chunk("".join(text for _id, text in pending), "length" if last else None))
                     pending = []
@@ -426,7 +451,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif form == "chat-whole":
             self._send(200, chat_whole(text, 8, len(texts)))
         else:
-            self._send(200, vllm_whole(text))
+            self._send(200, vllm_whole(text, tokens if request.details else None))
 
     def _chunk(self, data: bytes) -> None:
         try:

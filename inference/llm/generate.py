@@ -10,9 +10,11 @@ LMI's vLLM service (0.33+) answers as Chat Completions. What LMI sends, and how 
 `inference.llm.stream`. The text goes to stdout as it arrives; timings go to stderr afterwards. An answer that
 comes whole (dynamic batching never streams) is printed whole, with no time to first token claimed.
 
-Tokens are counted from what the server reports (usage.completion_tokens, details.generated_tokens), else with
-`--tokenizer DIR`, else not at all (words are shown instead): lines are never counted, since vLLM merges tokens
-into one line when the reader falls behind.
+Tokens are counted from what the server reports (details.generated_tokens, which LMI sends when the request asks
+`"details": true`: asked where `--lmi-version` and `--batching` say the container answers it, 0.33+ vLLM; a chat
+answer's usage.completion_tokens), else with `--tokenizer DIR`, else as the larger of token ids and whitespace
+words, a lower bound (`inference.llm.stream` token_count). The summary names the method. Lines are never
+counted, since vLLM merges tokens into one line when the reader falls behind.
 Exit status: 0 done, 1 the request failed (the reason on stderr, after any text already printed), 2 usage error.
 """
 
@@ -39,6 +41,7 @@ from inference.llm.stream import (
     http_chunks,
     sagemaker_chunks,
     stream_payload,
+    token_count,
 )
 
 PROG = "python -m inference.llm.generate"
@@ -104,19 +107,25 @@ def generate(chunks: Iterator[bytes], out: TextIO) -> tuple[TokenStream, float]:
     return answer, elapsed
 
 
-def count_tokens(answer: TokenStream, tokenizer=None) -> tuple[int | None, str]:
-    """(tokens, how they were counted): the server's own count, else the tokenizer's, else None."""
-    if answer.reported_tokens is not None:
-        return answer.reported_tokens, "as reported by the server"
-    if tokenizer is not None:
-        return len(tokenizer(answer.text, add_special_tokens=False)["input_ids"]), "counted with the tokenizer"
-    return None, "no --tokenizer"
+METHODS = {"details": "as reported by the server: details.generated_tokens",
+           "usage": "as reported by the server: usage.completion_tokens",
+           "tokenizer": "counted with the tokenizer",
+           "ids": "token ids: a lower bound, pass --lmi-version or --tokenizer DIR for the exact count",
+           "words": "whitespace words: a lower bound, pass --lmi-version or --tokenizer DIR for the exact count"}
+
+
+def count_tokens(answer: TokenStream, tokenizer=None) -> tuple[int, str]:
+    """(tokens, how they were counted): the server's own count, else the tokenizer's, else a lower bound."""
+    def by_tokenizer(text: str) -> int:
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    tokens, method = token_count(answer, answer.text, by_tokenizer if tokenizer is not None else None)
+    return tokens, METHODS[method]
 
 
 def summary(answer: TokenStream, elapsed: float, tokenizer=None) -> str:
     tokens, method = count_tokens(answer, tokenizer)
-    amount = f"{tokens} tokens ({method})" if tokens is not None else \
-        f"{len(answer.text.split())} words (pass --tokenizer DIR for tokens)"
+    amount = f"{tokens} tokens ({method})"
     if not answer.streamed:
         return f"answered whole after {elapsed:.2f} s (no token stream, no time to first token): {amount}"
     rate = f", {tokens / elapsed:.1f} tokens/s" if tokens and elapsed > 0 else ""
@@ -137,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chat", action="store_true",
                         help="send the OpenAI-compatible chat form (messages), answered by LMI's vLLM service")
     parser.add_argument("--tokenizer", metavar="DIR", help="count tokens with this Hugging Face tokenizer")
+    parser.add_argument("--lmi-version", metavar="VERSION",
+                        help="the endpoint's falcon.lmi_version: where it answers \"details\": true (0.33+ vLLM with "
+                             "--batching rolling_paged) the request asks for LMI's own token count")
+    parser.add_argument("--batching", default="rolling_paged", choices=("dynamic", "rolling", "rolling_paged"),
+                        help="the endpoint's falcon.batching, with --lmi-version (default: rolling_paged)")
     parser.add_argument("--no-stream", action="store_true", help="ask for one whole answer instead of a stream")
     parser.add_argument("--timeout", type=positive(float), default=60.0,
                         help="seconds per read for --url (default: 60)")
@@ -166,8 +180,18 @@ def main(argv: list[str] | None = None, runtime_client=None, out: TextIO | None 
             print(f"{PROG}: error: --tokenizer {args.tokenizer}: {error}".splitlines()[0], file=sys.stderr)
             return 2
     stream = not args.no_stream
-    form = chat_payload if args.chat else stream_payload
-    body = json.dumps(form(prompt, args.max_new_tokens, stream)).encode()
+    details = False
+    if args.lmi_version:
+        from inference.llm.lmi.requests import details_supported
+        from inference.llm.lmi.versions import VERSIONS
+
+        if args.lmi_version not in VERSIONS:
+            print(f"{PROG}: error: --lmi-version {args.lmi_version}: one of {', '.join(VERSIONS)}", file=sys.stderr)
+            return 2
+        details = details_supported(args.lmi_version, args.batching) and not args.chat
+    request = chat_payload(prompt, args.max_new_tokens, stream) if args.chat else \
+        stream_payload(prompt, args.max_new_tokens, stream, details=details)
+    body = json.dumps(request).encode()
     try:
         if args.url:
             try:

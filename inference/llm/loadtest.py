@@ -12,14 +12,17 @@ sends the OpenAI-compatible form (`messages`) that LMI's vLLM service answers as
 
 Each step runs a fixed number of concurrent clients (threads, one keep-alive connection each) for `--requests`
 requests in all or for `--duration` seconds, after `--warmup` requests per client that are not measured.
-Output tokens are counted with `--tokenizer DIR` when given, else as whitespace-separated words, over each answer's
-generated text, streamed or not; the report says which. Streamed lines are never counted as tokens: vLLM merges
-several tokens into one line when the reader falls behind, exactly when the endpoint is busy.
+Output tokens, per answer (`inference.llm.stream` token_count): LMI's own count (`details.generated_tokens`, asked
+for with `"details": true` where `--lmi-version` and `--batching` say the container answers it: 0.33+ vLLM), else
+`--tokenizer DIR` over the generated text, else the larger of token ids and whitespace words, both lower bounds.
+The report names the method of every answer per step and says when the figure is a lower bound. Streamed lines
+are never counted as tokens: vLLM merges several tokens into one line when the reader falls behind, exactly when
+the endpoint is busy.
 Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other).
 
     python -m inference.llm.loadtest --url http://127.0.0.1:8080/invocations --kind sentiment --concurrency 1,2,4
     python -m inference.llm.loadtest --endpoint falcon-rolling --shape 32x128 --concurrency 1,4,16,32 \\
-        --requests 200 --tokenizer ./falcon-tokenizer --out runs/rolling
+        --requests 200 --lmi-version 0.36.0-lmi27 --batching rolling_paged --out runs/rolling
     python -m inference.llm.loadtest --compare runs/dynamic/report.json runs/rolling/report.json --out runs
 
 Exit status: 0 every step's error rate <= --max-error-rate; 1 some step exceeded it; 2 usage error;
@@ -50,6 +53,7 @@ from inference.cli_types import fraction, non_negative_int, positive, positive_i
 from inference.llm import loadtest_report as reports
 from inference.llm.loadtest_report import Sample
 from inference.llm.stream import (
+    LOWER_BOUND_METHODS,
     STREAM_ACCEPT,
     StreamFailed,
     TokenStream,
@@ -59,6 +63,7 @@ from inference.llm.stream import (
     read_stream,
     sagemaker_chunks,
     stream_payload,
+    token_count,
 )
 
 PROG = "python -m inference.llm.loadtest"
@@ -467,19 +472,21 @@ def sample_texts() -> list[str]:
 
 
 def llm_workload(input_tokens: int, output_tokens: int, counter, stream: bool = False,
-                 chat: bool = False) -> Workload:
+                 chat: bool = False, details: bool = False) -> Workload:
     """LMI's request form, or with `chat` the OpenAI-compatible one (`messages`, `max_tokens`) that LMI's vLLM
-    service answers as Chat Completions (chat_input_output_schema.md)."""
+    service answers as Chat Completions (chat_input_output_schema.md). `details`: ask LMI for
+    details.generated_tokens (only where the container answers it: inference.llm.lmi details_supported)."""
     payloads = []
-    form = chat_payload if chat else stream_payload
     for variant in range(PROMPT_VARIANTS):
         prompt = make_prompt(input_tokens, counter, offset=variant * 7)
-        body = json.dumps(form(prompt, output_tokens, stream)).encode()
+        request = chat_payload(prompt, output_tokens, stream) if chat else \
+            stream_payload(prompt, output_tokens, stream, details=details)
+        body = json.dumps(request).encode()
         payloads.append(Payload(body, prompt))
     measured = [counter(payload.prompt) for payload in payloads]
     shape = {"input_tokens": input_tokens, "output_tokens": output_tokens,
              "prompt_lengths": sorted(set(measured)), "prompt_unit": counter.unit,
-             "request_form": "chat" if chat else "lmi"}
+             "request_form": "chat" if chat else "lmi", "details_asked": details and not chat}
     return Workload("llm", payloads, counter, shape)
 
 
@@ -585,8 +592,11 @@ def run_step(target: Target, workload: Workload, concurrency: int, requests: int
         target.close()
     wall = time.perf_counter() - clock["start"] if "start" in clock else 0.0
     # Counting tokens after the step keeps tokenizer work off the clients' clock and out of their threads.
+    tokenizer = workload.counter if isinstance(workload.counter, TokenizerCounter) else None
     for record in measured:
-        if record.texts:
+        if record.texts and record.answer is not None:
+            record.sample.output, record.sample.method = token_count(record.answer, "".join(record.texts), tokenizer)
+        elif record.texts:
             record.sample.output = sum(workload.counter(text) for text in record.texts)
         if record.answer is not None and record.sample.ttft is not None:
             record.sample.itl = record.answer.itl(record.sample.output)
@@ -621,6 +631,7 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         stop: threading.Event | None = None) -> dict:
     """Every step of the sweep, in order; returns the report (steps and run metadata)."""
     streamed = workload.kind == "llm" and bool(getattr(target, "stream", False))
+    llm = workload.kind == "llm"
     report = {
         "tool": "inference.llm.loadtest",
         "version": reports.REPORT_VERSION,
@@ -628,11 +639,13 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         "target": target.describe(),
         "kind": workload.kind,
         "shape": workload.shape,
-        "unit": "labels" if workload.kind == "sentiment" else workload.counter.unit,
+        "unit": "tokens" if llm else "labels",
         # Never one per line: vLLM merges several tokens into one line when the reader falls behind.
-        "token_counter": "labels returned" if workload.kind == "sentiment" else token_counter,
-        "token_count_rule": None if workload.kind == "sentiment" else
-        "the counter over each answer's generated text, streamed or whole; never one per streamed line",
+        "token_counter": token_counter if llm else "labels returned",
+        "token_count_rule": "per answer: LMI's details.generated_tokens (or a chat answer's usage), else the "
+        "tokenizer, else the larger of token ids and whitespace words (both lower bounds); never one per streamed "
+        "line" if llm else None,
+        "details_asked": bool(workload.shape.get("details_asked")),
         "stream": streamed,
         "ttfb_note": target.ttfb_note,
         "timeout_s": getattr(target, "timeout", None),
@@ -664,6 +677,9 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         report["interrupted"] = True
     report["finished_at"] = _now()
     report["passed"] = reports.passed(report["steps"], settings.max_error_rate)
+    if llm:
+        report["token_methods"] = reports.methods(report["steps"])
+        report["output_lower_bound"] = any(report["token_methods"].get(m) for m in LOWER_BOUND_METHODS)
     return report
 
 
@@ -717,7 +733,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llm: send the OpenAI-compatible chat form (messages, max_tokens), which LMI's vLLM "
                              "service (0.33+) answers as Chat Completions")
     parser.add_argument("--tokenizer", metavar="DIR",
-                        help="count tokens with this Hugging Face tokenizer (default: whitespace words)")
+                        help="count tokens with this Hugging Face tokenizer where LMI does not report them "
+                             "(default: the larger of token ids and whitespace words, a lower bound)")
+    parser.add_argument("--lmi-version", metavar="VERSION",
+                        help="the endpoint's falcon.lmi_version: where it answers \"details\": true (0.33+ vLLM, "
+                             "--batching rolling_paged) the load test asks for it and counts LMI's own "
+                             "details.generated_tokens")
+    parser.add_argument("--batching", default="rolling_paged", choices=("dynamic", "rolling", "rolling_paged"),
+                        help="the endpoint's falcon.batching, with --lmi-version")
     parser.add_argument("--concurrency", type=positive_int_list, default=[1], metavar="N[,N...]",
                         help="concurrent clients per step; a list sweeps, e.g. 1,4,16,32")
     amount = parser.add_mutually_exclusive_group()
@@ -752,6 +775,13 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--tokenizer applies to --kind llm; sentiment output is counted in labels")
     if args.region and not args.endpoint:
         parser.error("--region applies to --endpoint")
+    if args.lmi_version and args.kind != "llm":
+        parser.error("--lmi-version applies to --kind llm")
+    if args.lmi_version:
+        from inference.llm.lmi.versions import VERSIONS
+
+        if args.lmi_version not in VERSIONS:
+            parser.error(f"--lmi-version {args.lmi_version}: one of {', '.join(VERSIONS)}")
 
 
 def _draw(runs: list[dict], path: Path) -> str:
@@ -810,8 +840,13 @@ def _main(argv: list[str] | None, target: Target | None) -> int:
         return EXIT_USAGE
     if args.kind == "llm":
         inputs, outputs = args.shape or SHAPES["32x128"]
+        details = False
+        if args.lmi_version:
+            from inference.llm.lmi.requests import details_supported
+
+            details = details_supported(args.lmi_version, args.batching)
         workload = llm_workload(args.input_tokens or inputs, args.output_tokens or outputs, counter, args.stream,
-                                args.chat)
+                                args.chat, details=details and not args.chat)
     else:
         workload = sentiment_workload(args.batch_size)
 

@@ -47,6 +47,7 @@ class Sample:
     detail: str = ""
     ttft: float | None = None  # time to first token of a streamed answer
     itl: list[float] = field(default_factory=list)  # gaps between its consecutive tokens
+    method: str | None = None  # how `output` was counted (llm): details, usage, tokenizer, ids or words
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -109,9 +110,46 @@ def summarize(samples: Sequence[Sample], wall_s: float, concurrency: int,
         "itl_s": distribution(gaps),
         "client_output_per_s": distribution(client_rates),
         "streamed_requests": len(ttfts),
+        "token_methods": _count_methods(ok),
         "warmup_requests": len(warmup),
         "warmup_errors": sum(1 for sample in warmup if sample.error is not None),
     }
+
+
+def _count_methods(samples: Sequence[Sample]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for sample in samples:
+        if sample.method is not None:
+            counts[sample.method] = counts.get(sample.method, 0) + 1
+    return counts
+
+
+def methods(steps: Iterable[dict]) -> dict[str, int]:
+    """Successful answers per counting method over all steps."""
+    total: dict[str, int] = {}
+    for step in steps:
+        for method, count in (step.get("token_methods") or {}).items():
+            total[method] = total.get(method, 0) + count
+    return total
+
+
+METHOD_NAMES = {"details": "LMI's details.generated_tokens", "usage": "the chat answer's usage.completion_tokens",
+                "tokenizer": "the tokenizer", "ids": "token ids (one per streamed line)",
+                "words": "whitespace words"}
+LOWER_BOUND = ("ids", "words")
+
+
+def methods_text(report: dict) -> str | None:
+    """One line: how the output was counted, per method, and whether the figure is a lower bound."""
+    counts = report.get("token_methods")
+    if not counts:
+        return None
+    parts = ", ".join(f"{METHOD_NAMES.get(method, method)} for {count}" for method, count in counts.items())
+    line = f"tokens counted by {parts} answer{'s' if sum(counts.values()) > 1 else ''}"
+    if any(counts.get(method) for method in LOWER_BOUND):
+        line += ("; a LOWER BOUND where counted by ids or words (no details from LMI, no --tokenizer): "
+                 "pass --lmi-version/--batching for LMI's own count, or --tokenizer")
+    return line
 
 
 def passed(steps: Iterable[dict], max_error_rate: float) -> bool:
@@ -178,7 +216,11 @@ def format_table(report: dict) -> str:
     out = [f"{report.get('label', 'run')}: {report['kind']} {_shape_text(report)} -> {_target_text(report)}",
            line(headers), line(["-" * width for width in widths])]
     out += [line(row) for row in rows]
-    out.append(f"output counted as {report['token_counter']}; latency and TTFB over successful requests; "
+    counted = methods_text(report)
+    if counted:
+        out.append(counted)
+    out.append(("" if counted else f"output counted as {report['token_counter']}; ") +
+               "latency and TTFB over successful requests; "
                f"ttfb: {report.get('ttfb_note', 'time to the first response byte')}; "
                "/client: median of each request's output / latency")
     if streamed:

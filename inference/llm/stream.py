@@ -35,6 +35,21 @@ What the container sends, read at DJL Serving's release branches (github.com/dee
   character. It raises ModelStreamError only itself (ModelInvocationTimeExceeded, StreamBroken); DJL's own errors
   arrive as payload, above.
 
+Output tokens (`token_count`), in order of preference:
+- `details`: LMI's details.generated_tokens, sent when the request asks `"details": true` (0.33+ vLLM only:
+  inference.llm.lmi.requests details_supported). Whole answers carry vLLM's usage.completion_tokens. Streamed,
+  DJL writes usage.completion_tokens + 1 on the last line (`lmi_vllm/request_response_utils.py`
+  convert_completion_chunk_response_to_lmi_schema) while vLLM's continuous usage already counts that line's tokens
+  (`vllm/entrypoints/openai/serving_completion.py` completion_stream_generator: previous_num_tokens is added to
+  before the chunk's usage is set; vllm-project/vllm 2d5f987d, 00463e62), so the reader takes one off. Such a line
+  is told apart by its details' `input_length`, which only that function writes (the rolling-batch jsonlines
+  formatter `output_formatter.py` get_details_dict writes len(tokens) and `inputs`, taken as is).
+- `usage`: a chat answer's usage.completion_tokens (vLLM's own).
+- `tokenizer`: the caller's tokenizer over the generated text.
+- `ids` or `words`, whichever is larger: both are lower bounds. A merged line keeps one id for several tokens; a
+  whitespace word is at least one token for tokenizers that split on whitespace before merging (byte-level BPE,
+  SentencePiece's default). The figure is then a lower bound, and reports say so.
+
 Timings, per request, in seconds from sending:
 - time to first token (TTFT): arrival of the first line carrying generated text; an answer that came whole
   (one JSON document) has none;
@@ -63,9 +78,15 @@ class StreamFailed(RuntimeError):
         self.kind = kind
 
 
-def stream_payload(prompt: str, max_new_tokens: int, stream: bool) -> dict:
-    """LMI's request (lmi_input_output_schema.md); max_new_tokens always (LMI's default is 30), stream when asked."""
+LOWER_BOUND_METHODS = ("ids", "words")
+
+
+def stream_payload(prompt: str, max_new_tokens: int, stream: bool, details: bool = False) -> dict:
+    """LMI's request (lmi_input_output_schema.md); max_new_tokens always (LMI's default is 30), stream when asked,
+    `"details": true` where the container answers it (inference.llm.lmi.requests details_supported)."""
     payload: dict = {"inputs": prompt, "parameters": {"max_new_tokens": max_new_tokens}}
+    if details:
+        payload["parameters"]["details"] = True
     if stream:
         payload["stream"] = True
     return payload
@@ -131,6 +152,7 @@ class TokenStream:
     error: str | None = None
     token_ids: int = 0  # ids seen; under load fewer than the tokens (LMI keeps one id per merged line)
     reported_tokens: int | None = None  # details.generated_tokens or usage.completion_tokens, when the server sent it
+    reported_by: str | None = None  # "details" or "usage"
     _buffer: bytes = b""
     _document: bool = False
     _trailer: bool = False  # a non-JSON line after text: DJL's error record, maybe over several lines
@@ -192,7 +214,8 @@ class TokenStream:
             if text is None:
                 self.error = self.error or f"unknown answer: {json.dumps(item)[:80]}"
             else:
-                self.final_text, self.whole, self.reported_tokens = text, True, reported
+                self.final_text, self.whole = text, True
+                self._report(reported, "usage" if "usage" in item else "details")
             return []
         texts: list[str] = []
         token = item.get("token")
@@ -211,9 +234,10 @@ class TokenStream:
             self.final_text = item["generated_text"]
         details = item.get("details") or {}
         if isinstance(details.get("generated_tokens"), int):
-            self.reported_tokens = details["generated_tokens"]
+            # DJL's vLLM stream line (the only one with input_length) says usage.completion_tokens + 1: see above.
+            self._report(details["generated_tokens"] - ("input_length" in details), "details")
         if isinstance((item.get("usage") or {}).get("completion_tokens"), int):
-            self.reported_tokens = item["usage"]["completion_tokens"]
+            self._report(item["usage"]["completion_tokens"], "usage")
         if details.get("finish_reason") == "error":
             self.error = self.error or "finish_reason error"
         return texts
@@ -233,7 +257,12 @@ class TokenStream:
         if text is None:
             self.error = self.error or f"unknown answer: {json.dumps(item)[:80]}"
             return
-        self.final_text, self.whole, self.reported_tokens = text, True, reported
+        self.final_text, self.whole = text, True
+        self._report(reported, "usage" if isinstance(item, dict) and "usage" in item else "details")
+
+    def _report(self, tokens, method: str) -> None:
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            self.reported_tokens, self.reported_by = tokens, method
 
     def _read_trailer(self, data: bytes) -> None:
         """What followed the streamed lines: DJL's error record (compact or pretty-printed), else an error anyway."""
@@ -273,6 +302,16 @@ class TokenStream:
         if not self.streamed or tokens < 2:
             return []
         return [(self.times[-1] - self.times[0]) / (tokens - 1)] * (tokens - 1)
+
+
+def token_count(answer: TokenStream, text: str, tokenizer_count=None) -> tuple[int, str]:
+    """(output tokens, method) of an answer whose generated text is `text`: see "Output tokens" above."""
+    if answer.reported_tokens is not None:
+        return answer.reported_tokens, answer.reported_by or "details"
+    if tokenizer_count is not None:
+        return tokenizer_count(text), "tokenizer"
+    words = len(text.split())
+    return (answer.token_ids, "ids") if answer.token_ids > words else (words, "words")
 
 
 def error_body_message(body: bytes | str) -> str:

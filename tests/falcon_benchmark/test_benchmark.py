@@ -152,8 +152,13 @@ def test_two_modes_end_to_end_against_the_fake_lmi(fake_aws, cdk, tmp_path, monk
     dynamic = json.loads((out / "dynamic" / "32x128" / "report.json").read_text())
     rolling = json.loads((out / "rolling_paged" / "256x32" / "report.json").read_text())
     assert dynamic["stream"] is False and dynamic["steps"][1]["ttft_s"] is None
-    # No --tokenizer: streamed answers are counted in words like any other (never one per line; vLLM merges).
-    assert rolling["stream"] is True and rolling["unit"] == "words"
+    # The settings' LMI (0.36.0-lmi27, vLLM) answers "details": true: rolling answers carry LMI's own count;
+    # dynamic batching cannot, and without --tokenizer its figure is a lower bound (never one per line).
+    assert rolling["stream"] is True and rolling["unit"] == "tokens" and not rolling["output_lower_bound"]
+    assert set(rolling["token_methods"]) == {"details"}
+    assert sum(p.get("parameters", {}).get("details") is True for p in payloads["rolling_paged"]) > 4
+    assert not any(p.get("parameters", {}).get("details") for p in payloads["dynamic"])
+    assert dynamic["output_lower_bound"] and set(dynamic["token_methods"]) == {"words"}
     assert all(step["ttft_s"]["p50"] > 0 and step["output_total"] == 32 * step["ok"] for step in rolling["steps"])
     for mode in ("dynamic", "rolling_paged"):
         for shape in ("32x128", "256x32"):
@@ -165,8 +170,9 @@ def test_two_modes_end_to_end_against_the_fake_lmi(fake_aws, cdk, tmp_path, monk
     assert rows[("dynamic", "256x32")]["published_p90_s"] == 59.31
     paged = rows[("rolling_paged", "32x128")]
     assert paged["top_concurrency"] == 4 and paged["status"] == "ok"
-    assert rows[("rolling_paged", "32x128")]["vs_published"] is None  # words: not put beside tokens
-    assert rows[("dynamic", "32x128")]["vs_published"] is None  # whitespace words: not put beside tokens
+    assert rows[("rolling_paged", "32x128")]["vs_published"] > 0  # LMI's exact count: beside the recipe's tokens
+    assert rows[("dynamic", "32x128")]["vs_published"] is None  # a lower bound: not put beside tokens
+    assert rows[("dynamic", "32x128")]["unit"] == "tokens, lower bound"
     assert compared["endpoint_hours"] > 0 and compared["cost_usd"] >= 0
     assert (out / "compare.png").stat().st_size > 0 and (out / "compare.csv").read_text().startswith("mode,shape")
     assert "recipe tok/s" in printed and "continuous + PagedAttention" in printed

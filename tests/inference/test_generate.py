@@ -44,7 +44,7 @@ def test_text_reaches_the_terminal_as_it_arrives_over_http(capsys):
     assert terminal.flushes[:2] == [generated(1), generated(2)]
     assert payload == {"inputs": "Tell me", "parameters": {"max_new_tokens": 5}, "stream": True}
     err = capsys.readouterr().err
-    assert "time to first token" in err and "5 words (pass --tokenizer DIR for tokens)" in err
+    assert "time to first token" in err and "5 tokens (whitespace words: a lower bound" in err
 
 
 @pytest.mark.parametrize("version", VLLM_VERSIONS)
@@ -54,7 +54,23 @@ def test_merged_lines_through_sagemaker_print_every_character(fake_aws, capsys, 
         status = generate.main(["--endpoint", "dev-llm", "--max-new-tokens", "7", "hello"],
                                runtime_client=sagemaker_runtime(server, calls=calls, seed=5), out=terminal)
     assert status == 0 and terminal.getvalue() == generated(7) + "\n" and calls[0][0] == "stream"
-    assert "7 words" in capsys.readouterr().err  # not 3 lines, not 3 token ids
+    assert "7 tokens (whitespace words: a lower bound" in capsys.readouterr().err  # not 3 lines, not 3 token ids
+
+
+@pytest.mark.parametrize(("version", "asked"), [("0.36.0-lmi27", True), ("0.33.0", True), ("0.23.0", False)])
+def test_lmi_version_asks_for_details_where_lmi_answers_them(fake_aws, capsys, version, asked):
+    """Issue 34: merged deltas through SageMaker, counted exactly from DJL's details (generated_tokens - 1, see
+    inference.llm.stream), and the summary says so."""
+    mode_version = version if asked else "0.36.0-lmi27"  # 0.23 is never asked; its requests go to any server
+    with FakeLmi("rolling", version=mode_version, merge=3, token_s=0.001) as server:
+        status = generate.main(["--endpoint", "e", "--lmi-version", version, "--max-new-tokens", "7", "hi"],
+                               runtime_client=sagemaker_runtime(server, seed=2), out=Terminal())
+        payload = server.payloads[0]
+    assert status == 0 and ("details" in payload["parameters"]) is asked
+    err = capsys.readouterr().err
+    expected = "7 tokens (as reported by the server: details.generated_tokens)" if asked else \
+        "7 tokens (whitespace words: a lower bound"
+    assert expected in err
 
 
 @pytest.mark.parametrize("version", fake_lmi.VERSIONS)
@@ -91,7 +107,7 @@ def test_chat_form_streams_chat_completion_chunks(fake_aws, capsys):
         payloads = list(server.payloads)
     assert status == 0 and whole == 0 and terminal.getvalue() == generated(4) + "\n"
     assert payloads[0] == {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
-    assert "3 tokens (as reported by the server)" in capsys.readouterr().err  # the chat answer's usage
+    assert "3 tokens (as reported by the server: usage.completion_tokens)" in capsys.readouterr().err
 
 
 def test_failures_exit_1_with_the_reason(fake_aws, capsys):

@@ -34,14 +34,15 @@ def test_llm_run_counts_requests_and_generated_tokens(llm_server, tmp_path, caps
         assert step["output_total"] == 6 * 6  # every answer holds exactly max_new_tokens words
         assert step["warmup_requests"] == step["concurrency"]
         assert step["latency_s"]["p90"] > 0 and step["ttfb_s"]["p50"] > 0
-    assert report["token_counter"] == "whitespace words" and report["unit"] == "words"
+    assert report["token_counter"] == "whitespace words" and report["unit"] == "tokens"
+    assert report["token_methods"] == {"words": 12} and report["output_lower_bound"] is True
     assert report["shape"]["input_tokens"] == 12 and report["shape"]["prompt_lengths"] == [12]
     # The server saw warm-up plus measured requests, every one carrying max_new_tokens.
     assert len(llm_server.payloads) == (1 + 6) + (2 + 6)
     assert {payload["parameters"]["max_new_tokens"] for payload in llm_server.payloads} == {6}
     assert {len(payload["inputs"].split()) for payload in llm_server.payloads} == {12}
     table = capsys.readouterr().out
-    assert "words/s" in table and "whitespace words" in table
+    assert "tok/s" in table and "whitespace words for 12 answers; a LOWER BOUND" in table
     assert (tmp_path / "out" / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open()))
     assert [row["output_total"] for row in rows] == ["36", "36"]
@@ -73,6 +74,7 @@ def test_tokenizer_counts_tokens_and_says_so(fake_server, tokenizer_dir, tmp_pat
     assert tokens != len(text.split())  # so the check below tells the two counters apart
     assert status == 0 and report["steps"][0]["output_total"] == 4 * tokens
     assert report["token_counter"] == f"tokenizer {tokenizer_dir}" and report["unit"] == "tokens"
+    assert report["token_methods"] == {"tokenizer": 4} and report["output_lower_bound"] is False
     assert all(abs(length - 20) <= 2 for length in report["shape"]["prompt_lengths"])
 
 

@@ -20,6 +20,7 @@ from inference.llm.stream import (
     read_stream,
     sagemaker_chunks,
     stream_payload,
+    token_count,
 )
 from tests import fake_lmi
 from tests.fake_lmi import FakeLmi, botocore_events, generated, sagemaker_runtime
@@ -193,8 +194,9 @@ def test_streamed_http_run_counts_tokens_not_lines_under_merging(tmp_path, capsy
         payloads = list(server.payloads)
     assert status == 0
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["stream"] is True and report["unit"] == "words"
+    assert report["stream"] is True and report["unit"] == "tokens" and report["output_lower_bound"]
     assert report["token_counter"] == "whitespace words" and "never one per streamed line" in report["token_count_rule"]
+    assert report["token_methods"] == {"words": 16}  # words (12) beat ids (6 lines): the larger lower bound
     for step in report["steps"]:
         assert step["ok"] == 8 and step["streamed_requests"] == 8
         assert step["output_total"] == 8 * 12  # 6 lines per answer, 12 tokens
@@ -283,3 +285,54 @@ def test_a_plain_request_answered_in_chunks_by_lmi_dist_is_read_whole():
     texts, answer = workload.read(workload.payloads[0], [(0.1, b'{"outputs": [" a"]}\n{"outputs": [" b c"]}\n')],
                                   sample)
     assert sample.error is None and texts == [" a b c"] and answer is not None
+
+
+# --- exact token counts: LMI's details under merged deltas (issue 34) -----------------------------------------
+
+def test_merged_deltas_with_details_are_counted_exactly_where_ids_and_words_fall_short():
+    """Lines shaped as DJL's vLLM formatter writes them: 5 tokens in 2 merged lines, 3 whitespace words."""
+    tokens = [(7, " 東"), (8, "京"), (9, " is"), (10, " big"), (11, "!")]
+    history: list[str] = []
+    plain = fake_lmi.vllm_line(tokens[:3], history, False) + fake_lmi.vllm_line(tokens[3:], history, True)
+    history = []
+    detailed = fake_lmi.vllm_line(tokens[:3], history, False) + \
+        fake_lmi.vllm_line(tokens[3:], history, True, details=(5, 4))
+    assert b'"generated_tokens": 6' in detailed  # DJL writes vLLM's running usage + 1
+    for seed in SEEDS:
+        answer, _ = through_sagemaker(detailed + fake_lmi.VLLM_STREAM_END, seed)
+        assert token_count(answer, answer.text) == (5, "details") and answer.token_ids == 2
+        bare, _ = through_sagemaker(plain + fake_lmi.VLLM_STREAM_END, seed)
+        assert token_count(bare, bare.text) == (3, "words")  # 3 words > 2 ids: the larger lower bound
+        assert token_count(bare, bare.text, lambda text: 5) == (5, "tokenizer")
+
+
+def test_whole_answers_with_details_carry_vllms_own_count():
+    tokens = [fake_lmi.token(n) for n in range(1, 4)]
+    answer = read_stream([(0.1, fake_lmi.vllm_whole(generated(3), tokens))])
+    assert token_count(answer, answer.text) == (3, "details")
+
+
+@pytest.mark.parametrize(("lmi_version", "batching", "method"), [
+    ("0.36.0-lmi27", "rolling_paged", "details"), ("0.33.0", "rolling_paged", "details"),
+    (None, "rolling_paged", "words"), ("0.36.0-lmi27", "dynamic", "words")])
+def test_a_run_with_merged_deltas_and_details_reports_exact_tokens_and_the_method(tmp_path, capsys, lmi_version,
+                                                                                  batching, method):
+    """The done-when of issue 34: the fake LMI merges 3 tokens a line and answers details as DJL does."""
+    version = lmi_version or "0.36.0-lmi27"
+    argv = ["--stream", "--shape", "8x10", "--concurrency", "2", "--requests", "6", "--warmup", "0",
+            "--out", str(tmp_path), "--no-progress"]
+    if lmi_version:
+        argv += ["--lmi-version", lmi_version, "--batching", batching]
+    with FakeLmi("rolling", version=version, merge=3, token_s=0.001) as server:
+        status = loadtest.main(["--url", server.url, *argv])
+        asked = [bool(p["parameters"].get("details")) for p in server.payloads]
+    assert status == 0 and set(asked) == {method == "details"}
+    report = json.loads((tmp_path / "report.json").read_text())
+    step = report["steps"][0]
+    assert step["output_total"] == 6 * 10 and step["token_methods"] == {method: 6}
+    assert report["token_methods"] == {method: 6} and report["output_lower_bound"] is (method != "details")
+    table = capsys.readouterr().out
+    if method == "details":
+        assert "tokens counted by LMI's details.generated_tokens for 6 answers" in table and "LOWER" not in table
+    else:
+        assert "whitespace words for 6 answers; a LOWER BOUND" in table

@@ -39,7 +39,8 @@ def row(mode: str, shape: str, report: dict | None) -> dict:
     best = max(steps, key=lambda step: step["output_per_s"] or 0)
     entry.update(
         status="interrupted" if report.get("interrupted") else "ok" if report.get("passed") else "errors",
-        unit=report.get("unit"), top_concurrency=top["concurrency"], output_per_s=top["output_per_s"],
+        unit=f"{report.get('unit')}, lower bound" if report.get("output_lower_bound") else report.get("unit"),
+        top_concurrency=top["concurrency"], output_per_s=top["output_per_s"],
         p90_s=_stat(top, "latency_s", "p90"), best_output_per_s=best["output_per_s"],
         best_concurrency=best["concurrency"], ttft_p50_s=_stat(top, "ttft_s", "p50"),
         ttft_p90_s=_stat(top, "ttft_s", "p90"), itl_p50_s=_stat(top, "itl_s", "p50"),

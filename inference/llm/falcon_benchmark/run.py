@@ -229,6 +229,8 @@ class Benchmark:
             argv.append("--stream")
         if self.plan.tokenizer:
             argv += ["--tokenizer", self.plan.tokenizer]
+        # LMI's own token count where the container answers "details": true (inference.llm.lmi details_supported).
+        argv += ["--lmi-version", self.plan.settings.falcon.lmi_version, "--batching", mode]
         status = self.loadtest(argv)
         report_path = folder / "report.json"
         if report_path.exists():

@@ -23,7 +23,7 @@ from inference.llm.lmi.models import (
     kv_bytes_per_token_split_by_layers,
 )
 from inference.llm.lmi.render import MODEL_DIR, environment_name, render, to_environment, to_properties_file
-from inference.llm.lmi.requests import request_body, streaming_request_body
+from inference.llm.lmi.requests import details_supported, request_body, streaming_request_body
 from inference.llm.lmi.rules import (
     check,
     check_batching_keys,
@@ -90,6 +90,7 @@ __all__ = [
     "check_vllm_args",
     "check_vllm_engine",
     "container",
+    "details_supported",
     "environment_name",
     "from_config",
     "gpu_instance",
