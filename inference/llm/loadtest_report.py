@@ -9,12 +9,16 @@ Definitions (the same for every target):
 - `requests` are the measured requests sent; `ok` those that succeeded; `errors` the rest, by kind
   (`throttled`, `4xx`, `5xx`, `timeout`, `connection`, `other`); `error_rate` = errors / requests.
 - `requests_per_s` = ok / wall time; `output_per_s` = output units of the successful requests / wall time.
-  The unit is tokens (or whitespace words) for `--kind llm`, labels returned for `--kind sentiment`.
+  The unit is tokens for `--kind llm`, labels returned for `--kind sentiment`. Each answer's tokens are counted by
+  one method (`inference.llm.stream` token_count): `details` (LMI's details.generated_tokens), `usage` (a chat
+  answer's), `tokenizer`, or the larger of `ids` and `words`, both lower bounds; `token_methods` counts the
+  successful answers per method, per step and for the run, and `output_lower_bound` is true when any answer was
+  counted by ids or words.
 - Latency and time to first byte are over successful requests only, so fast failures do not flatter them.
 - Streamed answers (`--stream`) add, over successful streamed requests: `ttft_s`, time to first token (sending
   to the first line carrying text); `itl_s`, inter-token latency: per request (last text arrival - first) /
-  (tokens - 1), once per gap, pooled over the step's requests. Their output is counted like any answer's (the
-  tokenizer, or words), never one per line: vLLM merges tokens into one line under load.
+  (tokens - 1), once per gap, pooled over the step's requests. Their output is counted like any answer's, never
+  one per line: vLLM merges tokens into one line under load.
 - `client_output_per_s`: per successful request, its output / its latency, the rate one user sees;
   `output_per_s` is the rate of all clients together.
 - Percentiles use linear interpolation between closest ranks, numpy's default method ("linear", Hyndman and

@@ -9,7 +9,7 @@ What the container sends, read at DJL Serving's release branches (github.com/dee
   `{"index": 0, "token": {"id", "text", "logprob"}, "generated_text": null, "details": null}`, the last line with
   `generated_text`; then empty lines (`async_utils.py` _create_output appends "\\n" to every chunk, empty ones too).
   When the reader falls behind, vLLM merges outputs: one line carries several tokens' text and LMI keeps only the
-  first token id. So tokens are never counted by lines or ids here: see `TokenStream.tokens`.
+  first token id. So ids or lines are at best a lower bound of the tokens: see "Output tokens" below.
 - vLLM chat (a body with `messages`): the lines are vLLM's own `chat.completion.chunk` objects, the `data: `
   prefix removed (`vllm_stream_output_formatter`); without `stream`, one `chat.completion` object.
 - Errors after the 200 (0.33+): DJL appends a compact record with no newline. The engine dying:
