@@ -17,42 +17,38 @@ PACKS = (AwsSolutionsChecks, NIST80053R5Checks, HIPAASecurityChecks, PCIDSS321Ch
 COMPLIANCE_PACKS = ("NIST.800.53.R5", "HIPAA.Security", "PCI.DSS.321")
 _PREFIXES = ("AwsSolutions-", "Serverless-", *(f"{pack}-" for pack in COMPLIANCE_PACKS))
 
-# Findings that share one reason wherever they occur, said once for the whole app.
-APP_WIDE = {
-    # Every role here gets its permissions from CDK grants, which write the role's inline DefaultPolicy; a managed
-    # policy per role would only move the same statements elsewhere.
-    **dict.fromkeys(("IAMNoInlinePolicy",),
-                    "CDK grants write each role's own inline DefaultPolicy, scoped to that role's resources"),
-}
-
-
-# Our glue Lambdas (the endpoint log-group custom resource, the operations functions, CDK's AwsCustomResource
-# provider): what the packs ask of every function, and why each of these keeps it.
-GLUE_LAMBDA = {
-    ("NIST.800.53.R5-LambdaInsideVPC", "HIPAA.Security-LambdaInsideVPC", "PCI.DSS.321-LambdaInsideVPC"):
-        "calls only AWS APIs and reaches nothing inside the VPC; a VPC would add interfaces and endpoints for nothing",
-    ("NIST.800.53.R5-LambdaConcurrency", "HIPAA.Security-LambdaConcurrency"):
-        "runs a few times an hour at most; a reservation would take from the account's unreserved concurrency, "
-        "which Lambda keeps above a minimum (low-quota accounts have nothing to reserve)",
-}
-# Custom-resource Lambdas: CloudFormation is their only caller and reports a failure itself as a stack event.
-CUSTOM_RESOURCE_LAMBDA = {
-    **GLUE_LAMBDA,
-    ("NIST.800.53.R5-LambdaDLQ", "HIPAA.Security-LambdaDLQ", "Serverless-LambdaDLQ"):
-        "CloudFormation is the only caller and shows a failure as a stack event; a queued event has no one to act",
-}
-
 
 def compliance(rule: str) -> tuple[str, ...]:
     """The rule's id in each compliance pack (NIST 800-53 R5, HIPAA, PCI DSS 3.2.1)."""
     return tuple(f"{pack}-{rule}" for pack in COMPLIANCE_PACKS)
 
 
+# Findings that share one reason wherever they occur, said once for the whole app.
+APP_WIDE = {
+    compliance("IAMNoInlinePolicy"):
+        "CDK grants write each role's own inline DefaultPolicy, scoped to that role's resources",
+}
+# Our glue Lambdas (the endpoint log-group custom resource, the operations functions, CDK's AwsCustomResource
+# provider): what the packs ask of every function, and why each of these keeps it.
+GLUE_LAMBDA = {
+    compliance("LambdaInsideVPC"):
+        "calls only AWS APIs and reaches nothing inside the VPC; a VPC would add interfaces and endpoints for nothing",
+    compliance("LambdaConcurrency"):
+        "runs a few times an hour at most; a reservation would take from the account's unreserved concurrency, "
+        "which Lambda keeps above a minimum (low-quota accounts have nothing to reserve)",
+}
+# Custom-resource Lambdas: CloudFormation is their only caller and reports a failure itself as a stack event.
+CUSTOM_RESOURCE_LAMBDA = {
+    **GLUE_LAMBDA,
+    (*compliance("LambdaDLQ"), "Serverless-LambdaDLQ"):
+        "CloudFormation is the only caller and shows a failure as a stack event; a queued event has no one to act",
+}
+
+
 def add_checks(scope: cdk.Stage) -> None:
     """Run every pack over everything in the app; any unacknowledged finding fails synth."""
     cdk.Validations.of(scope).add_plugins(*(pack(scope) for pack in PACKS))
-    for rule, reason in APP_WIDE.items():
-        acknowledge(scope, compliance(rule), reason)
+    acknowledge_each(scope, APP_WIDE)
 
 
 def acknowledge_each(construct: IConstruct, findings: dict[tuple[str, ...], str]) -> None:
