@@ -20,7 +20,7 @@ export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
-.PHONY: install-infra test-infra settings settings-schema test-tools image-venv image serve-local-dlc
+.PHONY: install-infra test-infra settings settings-schema docs test-tools image-venv image serve-local-dlc
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -65,6 +65,10 @@ settings: $(VENV)/.runtime  ## every setting of ENV: value, source, type, allowe
 
 settings-schema: $(VENV)/.runtime  ## regenerate settings/cdk-context.schema.json after changing a setting
 	$(PY) -m settings.schema --write
+
+# The reference pages are generated from the code and checked for staleness by make test (tests/test_docs.py).
+docs: install-dev settings-schema  ## after changing a setting or a CLI: regenerate docs/reference/ (settings, every --help) and the schema
+	$(PY) -m docs.reference --write
 
 # zip and unzip: the run-script tests build the training code archive with them (tests/test_training_user_data.py).
 # Installed from Debian when missing, like Java below; under CI=true a test whose tool is missing fails, never skips.
