@@ -23,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: install-infra test-infra settings settings-schema docs test-tools image-venv image serve-local-dlc
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
 $(PY):
 	python3 -m venv $(VENV)

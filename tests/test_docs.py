@@ -204,3 +204,19 @@ def test_the_checker_finds_a_broken_file_anchor_and_line(tmp_path, monkeypatch):
         "missing.md (no such file)", "other.md#twice-2 (no heading with that anchor)",
         "code.py#L3 (not a line of that file)", "#nope (no heading with that anchor)"]
     assert github_slug("A code title") == "a-code-title"
+
+
+# --------------------------------------------------------------------------------------------------- README
+
+
+def test_the_readme_is_short_and_names_the_two_set_up_commands():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 250
+    assert "make synth" in readme and "make test" in readme
+
+
+def test_the_readme_lists_every_make_target_make_help_lists():
+    documented = re.findall(r"^([a-z0-9-]+):.*## ", (REPO_ROOT / "Makefile").read_text(), flags=re.MULTILINE)
+    table = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split("## Make targets", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`make ([a-z0-9-]+)`", table))
+    assert sorted(set(documented) - {"help"} - listed) == []
