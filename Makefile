@@ -118,7 +118,7 @@ PORT ?= 8080
 serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) with our server
 	$(IMAGE_VENV)/bin/python -m inference.sentiment.server serve --model-dir $(MODEL) --host 127.0.0.1 --port $(PORT) $(ARGS)
 
-# SIGTERM or Ctrl-C stops the stack cleanly (see README "Stopping"); GNU make then reports the signal and dies of it.
+# SIGTERM or Ctrl-C stops the stack cleanly (see docs/local-servers.md); GNU make then reports the signal and dies of it.
 serve-local-dlc: install-dev  ## the same on TorchServe + the SageMaker toolkit (sentiment.runtime=dlc's retired stack)
 	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
 
@@ -171,6 +171,6 @@ $(IMAGE_VENV)/.installed: $(IMAGE_REQUIREMENTS)
 image-venv: $(IMAGE_VENV)/.installed  ## the serving image's pinned Python packages in .venv-image (no Docker)
 
 IMAGE_TAG ?= sentiment-server:local
-# Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (README "Sentiment serving image").
+# Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (docs/sentiment-hosting.md, "Building and deploying").
 image:  ## build the sentiment serving image for linux/arm64 as IMAGE_TAG (sentiment-server:local)
 	docker buildx build --platform linux/arm64 -f inference/sentiment/image/Dockerfile -t $(IMAGE_TAG) --load .
