@@ -6,8 +6,8 @@
 
 Settings come from the catalogue `make settings` prints (settings.catalogue(), the JSON Schema pydantic makes of the
 declarations), with the same type and allowed-value words. CLIs are found, not listed: every module under the
-code folders with `if __name__ == "__main__":` or a `__main__.py`. Each runs in this process with `--help` (and
-`<command> --help` for each subcommand), which costs well under a second for all of them.
+code folders with `if __name__ == "__main__":` or a `__main__.py`. All of them run with `--help` (and
+`<command> --help` for each subcommand) in one child process, about a second for all of them.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import argparse
 import contextlib
 import functools
 import io
+import json
 import os
 import re
 import runpy
+import subprocess
 import sys
 import unicodedata
 import warnings
@@ -163,7 +165,9 @@ def _first_sentence(text: str) -> str:
     return ""
 
 
-def cli_page() -> str:
+def collect_helps() -> dict[str, dict[str, str]]:
+    """Every program's --help (and each subcommand's), run in this process: call it in a process of its own (as
+    `cli_page` does), since programs install signal handlers before they parse their arguments."""
     helps: dict[str, str] = {}
     summaries: dict[str, str] = {}
     for module in cli_modules():
@@ -172,6 +176,13 @@ def cli_page() -> str:
         for command, described in subcommands.items():
             helps[f"{module} {command}"] = help_text(module, [command, "--help"])[0]
             summaries[f"{module} {command}"] = described
+    return {"helps": helps, "summaries": summaries}
+
+
+def cli_page() -> str:
+    collected = subprocess.run([sys.executable, "-m", "docs.reference", "--collect"], cwd=REPO_ROOT, check=True,
+                               capture_output=True, text=True).stdout
+    helps, summaries = (json.loads(collected)[part] for part in ("helps", "summaries"))
     first_with: dict[str, str] = {}
     lines = [
         "# CLI reference",
@@ -256,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="write the reference pages")
     mode.add_argument("--check", action="store_true", help="exit 1 when a checked-in page is stale")
+    mode.add_argument("--collect", action="store_true", help=argparse.SUPPRESS)  # cli_page's child process
     args = parser.parse_args(argv)
+    if args.collect:
+        print(json.dumps(collect_helps()))
+        return 0
     if args.write:
         REFERENCE_DIR.mkdir(parents=True, exist_ok=True)
         for path, text in pages().items():
