@@ -55,6 +55,7 @@ def train_local(tmp_path_factory) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_make_train_local_prints_no_library_warning(train_local):
     output = train_local.stdout + train_local.stderr
     assert train_local.returncode == 0, output[-3000:]
