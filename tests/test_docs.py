@@ -206,6 +206,20 @@ def test_the_checker_finds_a_broken_file_anchor_and_line(tmp_path, monkeypatch):
     assert github_slug("A code title") == "a-code-title"
 
 
+# --------------------------------------------------------------------------------------------------- pages
+
+NOT_TASK_PAGES = {"README.md", "feature-flags.md"}  # the index, and a review table
+
+
+def test_each_task_page_ends_with_what_stays_unverified():
+    pages = [path for path in sorted((REPO_ROOT / "docs").glob("*.md"))
+             if path.name not in NOT_TASK_PAGES and not path.name.startswith("incoming-")]
+    assert len(pages) >= 10
+    for path in pages:
+        headings = re.findall(r"^## (.+)$", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
+        assert headings and headings[-1] == "What stays unverified", path.name
+
+
 # --------------------------------------------------------------------------------------------------- README
 
 
