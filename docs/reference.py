@@ -161,7 +161,8 @@ def _first_sentence(text: str) -> str:
     paragraphs = [part.strip() for part in re.split(r"\n\s*\n", text) if part.strip()]
     for paragraph in paragraphs:
         if not paragraph.lower().startswith(("usage:", "options:", "positional arguments:")):
-            return re.split(r"(?<=[.:])\s", " ".join(paragraph.split()), maxsplit=1)[0]
+            joined = re.sub(r"(?<=\w-) (?=\w)", "", " ".join(paragraph.split()))  # argparse wraps at hyphens
+            return re.split(r"(?<=[.:])\s", joined, maxsplit=1)[0]
     return ""
 
 
