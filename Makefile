@@ -20,10 +20,10 @@ export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
-.PHONY: install-infra test-infra settings settings-schema test-tools image-venv image serve-local-dlc
+.PHONY: install-infra test-infra settings settings-schema docs test-tools image-venv image serve-local-dlc
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -65,6 +65,10 @@ settings: $(VENV)/.runtime  ## every setting of ENV: value, source, type, allowe
 
 settings-schema: $(VENV)/.runtime  ## regenerate settings/cdk-context.schema.json after changing a setting
 	$(PY) -m settings.schema --write
+
+# The reference pages are generated from the code and checked for staleness by make test (tests/test_docs.py).
+docs: install-dev settings-schema  ## after changing a setting or a CLI: regenerate docs/reference/ (settings, every --help) and the schema
+	$(PY) -m docs.reference --write
 
 # zip and unzip: the run-script tests build the training code archive with them (tests/test_training_user_data.py).
 # Installed from Debian when missing, like Java below; under CI=true a test whose tool is missing fails, never skips.
@@ -114,7 +118,7 @@ PORT ?= 8080
 serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) with our server
 	$(IMAGE_VENV)/bin/python -m inference.sentiment.server serve --model-dir $(MODEL) --host 127.0.0.1 --port $(PORT) $(ARGS)
 
-# SIGTERM or Ctrl-C stops the stack cleanly (see README "Stopping"); GNU make then reports the signal and dies of it.
+# SIGTERM or Ctrl-C stops the stack cleanly (see docs/local-servers.md); GNU make then reports the signal and dies of it.
 serve-local-dlc: install-dev  ## the same on TorchServe + the SageMaker toolkit (sentiment.runtime=dlc's retired stack)
 	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
 
@@ -167,6 +171,6 @@ $(IMAGE_VENV)/.installed: $(IMAGE_REQUIREMENTS)
 image-venv: $(IMAGE_VENV)/.installed  ## the serving image's pinned Python packages in .venv-image (no Docker)
 
 IMAGE_TAG ?= sentiment-server:local
-# Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (README "Sentiment serving image").
+# Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (docs/sentiment-hosting.md, "Building and deploying").
 image:  ## build the sentiment serving image for linux/arm64 as IMAGE_TAG (sentiment-server:local)
 	docker buildx build --platform linux/arm64 -f inference/sentiment/image/Dockerfile -t $(IMAGE_TAG) --load .

@@ -46,7 +46,7 @@ class SentimentSettings:
     latency_alarm_ms: int = setting(1000, "model latency alarm threshold", ge=1, le=60000, unit="ms")
     canary_percent: int = setting(10, "blue/green canary share of the fleet", ge=1, le=50, unit="%")
     bake_minutes: int = setting(10, "blue/green wait watched by alarms", ge=1, le=60, unit="minutes")
-    autoscaling: bool = setting(True, "target tracking; off to change instance_type (README, Updating)")
+    autoscaling: bool = setting(True, "target tracking; off to change instance_type (docs/updating.md)")
     quantize: Literal["none", "int8"] = setting("none", "runtime=dlc: int8 Linear layers at load (check accuracy)")
     runtime: Literal["server", "dlc"] = setting("server", "our arm64 image and server, or the retired TorchServe DLC")
     max_batch_size: int = setting(32, "our server: texts gathered into one forward pass", ge=1, le=1024)

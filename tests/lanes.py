@@ -7,7 +7,7 @@
 Lane `torchserve` runs the tests marked `torchserve` (they start TorchServe, and the SageMaker toolkit allows one per
 machine, so they stay in one process, one after another); lane `servers` those marked `servers` (they start servers
 or tools and mostly wait on them); lane `rest` everything else. The first two wait on JVMs, sockets and signals more
-than they compute, which is why three fit on two cores (figures in the README, "Set-up: two commands"). Each lane
+than they compute, which is why three fit on two cores (figures in docs/figures.md, "Test suite"). Each lane
 writes its output to a log, printed whole when the lane ends; meanwhile a progress line every `--progress` seconds.
 
 SIGTERM or SIGINT (Ctrl-C) sends each running lane one SIGINT, so pytest tears its fixtures down and stops the

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import statistics
@@ -284,7 +283,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _positive(parser, args)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.getLogger("torchao").setLevel(logging.ERROR)  # x86 wheel: CUDA kernels that a CPU cannot load
     if args.model_dir is not None and not (args.model_dir / "config.json").is_file():
         print(f"{PROG}: error: --model-dir {args.model_dir}: no config.json, not a saved model", file=sys.stderr)
         return 2

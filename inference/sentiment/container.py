@@ -4,7 +4,7 @@ No CDK imports: `inference.sentiment.local_stack` runs the archive under
 TorchServe and the SageMaker toolkit with exactly
 what `stacks.sentiment.SentimentStack` sets on the endpoint.
 
-Threads (measured on the real stack, README "Threads and workers"): TorchServe's Java front end accepts, queues
+Threads (measured on the real stack, docs/figures.md): TorchServe's Java front end accepts, queues
 and answers requests on its own threads and needs CPU when requests are cheap (tiny model, 2 cores, 4 clients:
 1 intra-op thread gave 1.56x the requests/s of 2). For RoBERTa-base the compute dominates (same set-up: 2 threads
 gave 1.6-2x the requests/s of 1), so a small instance gives every vCPU to the worker; from 8 vCPUs up, one in

@@ -1,5 +1,5 @@
 """Stage a pinned revision of a Hugging Face model in S3, so the endpoint serves it from /opt/ml/model with network
-isolation on: the recommended production path (README, "Serving from S3").
+isolation on: the recommended production path (docs/falcon-lmi.md, "Serving from S3").
 
     python -m inference.llm.lmi stage --model-id Qwen/Qwen3-8B --revision <40-hex commit> \\
         --s3-uri s3://<artifact-bucket>/models/qwen3-8b/ [--hf-token-secret prod/hf-token] [--region us-west-2]

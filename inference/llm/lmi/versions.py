@@ -8,7 +8,8 @@ of the version each image bundles (vllm_engine_args.py, generated; checked by in
 
 Two releases have no public DJL Serving source: 0.36.0-lmi28 and 0.38.0-lmi29 (the fetched snapshot of
 djl-serving ends at branch 0.36.0-lmi27-dlc and master of 2026-06-24). For them the DJL rules of 0.36.0-lmi27 are
-assumed and the vLLM arguments are checked against the vLLM their release data names (README, "LMI versions").
+assumed and the vLLM arguments are checked against the vLLM their release data names
+(docs/falcon-lmi.md, "LMI versions").
 
 Dropped: 0.27.0 and 0.29.0 (lmi-dist 2 passes the prefill budget to vLLM as max_num_batched_tokens, and its
 non-paged rolling batch is the scheduler backend: not the recipe's lmi-dist, and not checked end to end).
