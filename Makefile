@@ -21,6 +21,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
 .PHONY: install-infra test-infra settings settings-schema test-tools image-venv image serve-local-dlc
+.PHONY: image-lock bump-base
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -155,16 +156,42 @@ $(SERVING_VENV)/.installed: inference/sentiment/serving/requirements.txt
 
 serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java, as the Graviton image has them
 
-# The sentiment serving image's Python packages (inference/sentiment/image/requirements.txt) in their own venv, so
-# `make serve-local` and the server tests run exactly what the image runs (on this machine's Python and CPU torch).
+# The sentiment serving image's Python packages in their own venv, so `make serve-local` and the server tests run
+# exactly what the image runs (on this machine's Python and CPU torch). They install from the image's locks, every
+# file checked against its hash: torch.lock (the CPU torch; here its x86_64 wheel from disk, elsewhere from
+# TORCH_INDEX) and requirements.lock (everything else, with every platform's hashes, so one lock serves the
+# image's linux/aarch64 CPython 3.13 and this machine). requirements.txt is the lock's input: what we pin.
 IMAGE_VENV := .venv-image
-IMAGE_REQUIREMENTS := inference/sentiment/image/requirements.txt
-$(IMAGE_VENV)/.installed: $(IMAGE_REQUIREMENTS)
+IMAGE_DIR := inference/sentiment/image
+IMAGE_REQUIREMENTS := $(IMAGE_DIR)/requirements.txt
+IMAGE_LOCKS := $(IMAGE_DIR)/torch.lock $(IMAGE_DIR)/requirements.lock
+# Where torch's CPU wheel comes from off this machine, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+TORCH_INDEX ?=
+$(IMAGE_VENV)/.installed: $(IMAGE_LOCKS)
 	test -x $(IMAGE_VENV)/bin/python || python3 -m venv $(IMAGE_VENV)
-	$(IMAGE_VENV)/bin/python -m pip install --quiet -r $(IMAGE_REQUIREMENTS)
+	$(IMAGE_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps \
+	  $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r $(IMAGE_DIR)/torch.lock
+	$(IMAGE_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: \
+	  -r $(IMAGE_DIR)/requirements.lock
+	$(IMAGE_VENV)/bin/python -m pip check
 	touch $@
 
-image-venv: $(IMAGE_VENV)/.installed  ## the serving image's pinned Python packages in .venv-image (no Docker)
+image-venv: $(IMAGE_VENV)/.installed  ## the serving image's locked Python packages in .venv-image (no Docker)
+
+# Re-resolve requirements.lock from requirements.txt for the image's platform (PyPI; uv in a throwaway venv).
+# torch is left out here (PyPI's aarch64 torch is the CUDA build): its CPU wheel's hashes live in torch.lock.
+UV_VERSION := 0.13.9
+image-lock:  ## after changing inference/sentiment/image/requirements.txt: re-lock it with hashes (needs PyPI)
+	test -x build/uv/bin/uv || { python3 -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION); }
+	grep -v '^torch==' $(IMAGE_REQUIREMENTS) | build/uv/bin/uv pip compile - --no-config --quiet \
+	  --index-url https://pypi.org/simple --only-binary :all: --generate-hashes \
+	  --python-platform aarch64-manylinux_2_28 --python-version 3.13 \
+	  --custom-compile-command "make image-lock" -o $(IMAGE_DIR)/requirements.lock
+	$(PY) -m inference.sentiment.image.supply_chain check
+
+# make bump-base DIGEST=sha256:<64 hex> [TAG=3.13-slim-trixie]: point the Dockerfile's FROM at another build.
+bump-base: $(VENV)/.runtime  ## move the serving image's base to DIGEST (the linux/arm64 manifest's digest; see docs)
+	$(PY) -m inference.sentiment.image.supply_chain bump-base --digest $(DIGEST) $(if $(TAG),--tag $(TAG))
 
 IMAGE_TAG ?= sentiment-server:local
 # Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (README "Sentiment serving image").
