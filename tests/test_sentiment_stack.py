@@ -9,7 +9,6 @@ import pytest
 from aws_cdk.assertions import Match
 
 from settings import SettingsError, load_settings
-from tests.conftest import REPO_ROOT
 from stacks.sentiment import (
     GRAVITON_IMAGES,
     SERVING_IMAGE_CONTEXT,
@@ -19,6 +18,7 @@ from stacks.sentiment import (
     server_environment,
     vcpus,
 )
+from tests.conftest import REPO_ROOT
 
 MODEL_URL = "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"
 
