@@ -21,7 +21,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
 .PHONY: install-infra test-infra settings settings-schema test-tools image-venv image serve-local-dlc
-.PHONY: image-lock bump-base
+.PHONY: image-lock bump-base image-venv-py313
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -47,7 +47,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
 
-install-dev: install $(VENV)/.dev serving-stack image-venv  ## plus test, training and lint tools, and both serving stacks
+install-dev: install $(VENV)/.dev serving-stack image-venv image-venv-py313  ## plus test, training and lint tools, and both serving stacks
 
 install-infra: install $(VENV)/.infra  ## the app plus the infrastructure tests' tools, no torch (the pipeline's synth step)
 
@@ -177,6 +177,25 @@ $(IMAGE_VENV)/.installed: $(IMAGE_LOCKS)
 	touch $@
 
 image-venv: $(IMAGE_VENV)/.installed  ## the serving image's locked Python packages in .venv-image (no Docker)
+
+# The server's pure-Python layers (HTTP app, batching, request decoding, precision choice, settings of the process)
+# under CPython 3.13, the image's Python, where this machine has one (a python3.13 on PATH or pyenv's): the image's
+# locked versions of the packages they import, hashed; no torch (PyPI's x86_64 torch is a CUDA build, and no CPU
+# build for 3.13 is on this disk). tests/inference/test_python313.py runs their tests with it.
+PY313 ?= $(shell for python in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) $$(command -v python3.13); do \
+  "$$python" -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && echo "$$python" && break; done)
+PY313_VENV := .venv-image-py313
+PY313_PACKAGES := starlette anyio idna typing-extensions uvicorn click h11 packaging pygments
+$(PY313_VENV)/.installed: $(IMAGE_LOCKS) constraints.txt
+	@if [ -z "$(PY313)" ]; then echo "no CPython 3.13 here: $(PY313_VENV) not built (its test skips)"; exit 0; fi; \
+	set -e; test -x $(PY313_VENV)/bin/python || $(PY313) -m venv $(PY313_VENV); \
+	$(PY) -m inference.sentiment.image.supply_chain subset $(PY313_PACKAGES) > $(PY313_VENV)/server.lock; \
+	$(PY313_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: \
+	  -r $(PY313_VENV)/server.lock; \
+	$(PY313_VENV)/bin/python -m pip install --quiet --no-deps -c constraints.txt pytest iniconfig pluggy; \
+	$(PY313_VENV)/bin/python -m pip check; touch $@
+
+image-venv-py313: $(PY313_VENV)/.installed  ## the server's pure-Python packages on CPython 3.13 (when one exists here)
 
 # Re-resolve requirements.lock from requirements.txt for the image's platform (PyPI; uv in a throwaway venv).
 # torch is left out here (PyPI's aarch64 torch is the CUDA build): its CPU wheel's hashes live in torch.lock.

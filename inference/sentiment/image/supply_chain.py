@@ -2,6 +2,7 @@
 
     python -m inference.sentiment.image.supply_chain check
     python -m inference.sentiment.image.supply_chain bump-base --digest sha256:<64 hex> [--tag 3.13-slim-trixie]
+    python -m inference.sentiment.image.supply_chain subset starlette uvicorn ...   # those entries of the lock
 
 `check` holds requirements.lock (hashes, from `make image-lock`) and torch.lock to requirements.txt: the same
 packages at the same versions, every entry with at least one sha256. `bump-base` rewrites the Dockerfile's
@@ -94,6 +95,25 @@ def lock_problems(requirements: Path = REQUIREMENTS, lock: Path = LOCK, torch_lo
     return problems
 
 
+def subset(names: list[str], lock: Path = LOCK) -> str:
+    """The lock's entries (pin and hash lines) for `names`: a smaller hashed lock, e.g. the server's pure-Python
+    packages for a CPython 3.13 venv on a machine without an aarch64 torch (`make image-venv-py313`)."""
+    wanted = {normalize(name) for name in names}
+    kept, keep = [], False
+    for line in lock.read_text().splitlines():
+        match = _PIN.match(line)
+        if match:
+            keep = normalize(match.group(1)) in wanted
+            wanted.discard(normalize(match.group(1))) if keep else None
+        elif not line.startswith((" ", "\t")):
+            keep = False
+        if keep and not line.strip().startswith("#"):
+            kept.append(line)
+    if wanted:
+        raise SupplyChainError(f"{lock.name} has no {', '.join(sorted(wanted))}")
+    return "\n".join(kept) + "\n"
+
+
 def bump_base(dockerfile: Path, digest: str, tag: str | None = None) -> tuple[str, str]:
     """Point the Dockerfile's base at `digest` (and `tag`); returns (old reference, new reference)."""
     if not DIGEST.match(digest):
@@ -121,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     bump.add_argument("--digest", required=True, help="sha256:<64 hex>: the tag's linux/arm64 manifest digest")
     bump.add_argument("--tag", help="a new tag of the same repository (default: keep the current one)")
     bump.add_argument("--dockerfile", type=Path, default=DOCKERFILE, help="the Dockerfile to rewrite")
+    pick = commands.add_parser("subset", help="print the lock's entries for these packages, hashes included")
+    pick.add_argument("names", nargs="+", help="package names")
     return parser
 
 
@@ -134,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             if not problems:
                 print(f"{LOCK.name} and {TORCH_LOCK.name} agree with {REQUIREMENTS.name}; every entry is hashed")
             return 1 if problems else 0
+        if args.command == "subset":
+            sys.stdout.write(subset(args.names))
+            return 0
         old, new = bump_base(args.dockerfile, args.digest, args.tag)
     except (SupplyChainError, OSError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
