@@ -215,4 +215,5 @@ bump-base: $(VENV)/.runtime  ## move the serving image's base to DIGEST (the lin
 IMAGE_TAG ?= sentiment-server:local
 # Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (README "Sentiment serving image").
 image:  ## build the sentiment serving image for linux/arm64 as IMAGE_TAG (sentiment-server:local)
-	docker buildx build --platform linux/arm64 -f inference/sentiment/image/Dockerfile -t $(IMAGE_TAG) --load .
+	docker buildx build --platform linux/arm64 --provenance=false --sbom=false -f inference/sentiment/image/Dockerfile \
+	  -t $(IMAGE_TAG) --load .
