@@ -56,7 +56,7 @@ def test_the_dockerfile_keeps_the_images_rules():
     assert "/opt/venv/bin/python -m pip uninstall --yes pip" in build
     # The code and packages are root's and read-only, checked after the chmod.
     assert "COPY --from=build --chown=root:root /opt/venv /opt/venv" in final
-    assert "chmod -R a-w,a+rX /opt/venv /opt/server" in final and "-perm /222" in final
+    assert "chmod -R a-w,a+rX /opt/venv /opt/server" in final and "! -type l -perm /222" in final
     assert 'ENTRYPOINT ["python", "-m", "inference.sentiment.server"]' in final
     assert final.rstrip().endswith('CMD ["serve"]')
     assert "EXPOSE 8080" in final

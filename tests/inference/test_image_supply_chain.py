@@ -94,7 +94,7 @@ def test_the_image_check_passes_on_the_locked_packages():
 
 
 def test_the_image_check_names_another_torch_and_one_without_onednn(monkeypatch):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (not in the CPython 3.13 server venv)")
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     monkeypatch.setattr(image_check, "MODULES", ())  # the imports are checked in .venv-image above
     found, _ = image_check.problems("2.14.0+cpu")
