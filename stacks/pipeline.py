@@ -22,8 +22,9 @@ ASSET_BUILD_IMAGE = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_3_0
 # buildx adds a provenance attestation by default, which makes the pushed image an OCI image index (refused by
 # SageMaker's CreateModel). The asset projects install cdk-assets@latest (CDK Pipelines' default: a pinned release
 # must read the asset manifest's schema, and cdk-assets 4.7.3 refuses aws-cdk-lib 2.275's 55.0.0); recent releases
-# set this variable for their `docker build` themselves, and every release hands its own environment to docker, so
-# setting it on the projects keeps attestations off whichever release runs (docs.docker.com/build/building/variables/).
+# set this variable for their `docker build` themselves, and cdk-assets hands its own environment to docker (4.7.3
+# and the CLI's bundled copy: `env: {...process.env, ...options.env}`), so setting it on the projects keeps
+# attestations off whichever release runs (docs.docker.com/build/building/variables/).
 ASSET_BUILD_ENVIRONMENT = {"BUILDX_NO_DEFAULT_ATTESTATIONS": "1"}
 
 
