@@ -21,6 +21,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
 .PHONY: install-infra test-infra settings settings-schema docs test-tools image-venv image serve-local-dlc
+.PHONY: image-lock bump-base image-venv-py313
 
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -46,7 +47,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
 
-install-dev: install $(VENV)/.dev serving-stack image-venv  ## plus test, training and lint tools, and both serving stacks
+install-dev: install $(VENV)/.dev serving-stack image-venv image-venv-py313  ## plus test, training and lint tools, and both serving stacks
 
 install-infra: install $(VENV)/.infra  ## the app plus the infrastructure tests' tools, no torch (the pipeline's synth step)
 
@@ -159,18 +160,64 @@ $(SERVING_VENV)/.installed: inference/sentiment/serving/requirements.txt
 
 serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java, as the Graviton image has them
 
-# The sentiment serving image's Python packages (inference/sentiment/image/requirements.txt) in their own venv, so
-# `make serve-local` and the server tests run exactly what the image runs (on this machine's Python and CPU torch).
+# The sentiment serving image's Python packages in their own venv, so `make serve-local` and the server tests run
+# exactly what the image runs (on this machine's Python and CPU torch). They install from the image's locks, every
+# file checked against its hash: torch.lock (the CPU torch; here its x86_64 wheel from disk, elsewhere from
+# TORCH_INDEX) and requirements.lock (everything else, with every platform's hashes, so one lock serves the
+# image's linux/aarch64 CPython 3.13 and this machine). requirements.txt is the lock's input: what we pin.
 IMAGE_VENV := .venv-image
-IMAGE_REQUIREMENTS := inference/sentiment/image/requirements.txt
-$(IMAGE_VENV)/.installed: $(IMAGE_REQUIREMENTS)
+IMAGE_DIR := inference/sentiment/image
+IMAGE_REQUIREMENTS := $(IMAGE_DIR)/requirements.txt
+IMAGE_LOCKS := $(IMAGE_DIR)/torch.lock $(IMAGE_DIR)/requirements.lock
+# Where torch's CPU wheel comes from off this machine, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+TORCH_INDEX ?=
+$(IMAGE_VENV)/.installed: $(IMAGE_LOCKS)
 	test -x $(IMAGE_VENV)/bin/python || python3 -m venv $(IMAGE_VENV)
-	$(IMAGE_VENV)/bin/python -m pip install --quiet -r $(IMAGE_REQUIREMENTS)
+	$(IMAGE_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps \
+	  $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r $(IMAGE_DIR)/torch.lock
+	$(IMAGE_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: \
+	  -r $(IMAGE_DIR)/requirements.lock
+	$(IMAGE_VENV)/bin/python -m pip check
 	touch $@
 
-image-venv: $(IMAGE_VENV)/.installed  ## the serving image's pinned Python packages in .venv-image (no Docker)
+image-venv: $(IMAGE_VENV)/.installed  ## the serving image's locked Python packages in .venv-image (no Docker)
+
+# The server's pure-Python layers (HTTP app, batching, request decoding, precision choice, settings of the process)
+# under CPython 3.13, the image's Python, where this machine has one (a python3.13 on PATH or pyenv's): the image's
+# locked versions of the packages they import, hashed; no torch (PyPI's x86_64 torch is a CUDA build, and no CPU
+# build for 3.13 is on this disk). tests/inference/test_python313.py runs their tests with it.
+PY313 ?= $(shell for python in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) $$(command -v python3.13); do \
+  "$$python" -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && echo "$$python" && break; done)
+PY313_VENV := .venv-image-py313
+PY313_PACKAGES := starlette anyio idna typing-extensions uvicorn click h11 packaging pygments
+$(PY313_VENV)/.installed: $(IMAGE_LOCKS) constraints.txt
+	@if [ -z "$(PY313)" ]; then echo "no CPython 3.13 here: $(PY313_VENV) not built (its test skips)"; exit 0; fi; \
+	set -e; test -x $(PY313_VENV)/bin/python || $(PY313) -m venv $(PY313_VENV); \
+	$(PY) -m inference.sentiment.image.supply_chain subset $(PY313_PACKAGES) > $(PY313_VENV)/server.lock; \
+	$(PY313_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: \
+	  -r $(PY313_VENV)/server.lock; \
+	$(PY313_VENV)/bin/python -m pip install --quiet --no-deps -c constraints.txt pytest iniconfig pluggy; \
+	$(PY313_VENV)/bin/python -m pip check; touch $@
+
+image-venv-py313: $(PY313_VENV)/.installed  ## the server's pure-Python packages on CPython 3.13 (when one exists here)
+
+# Re-resolve requirements.lock from requirements.txt for the image's platform (PyPI; uv in a throwaway venv).
+# torch is left out here (PyPI's aarch64 torch is the CUDA build): its CPU wheel's hashes live in torch.lock.
+UV_VERSION := 0.13.9
+image-lock:  ## after changing inference/sentiment/image/requirements.txt: re-lock it with hashes (needs PyPI)
+	test -x build/uv/bin/uv || { python3 -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION); }
+	grep -v '^torch==' $(IMAGE_REQUIREMENTS) | build/uv/bin/uv pip compile - --no-config --quiet \
+	  --index-url https://pypi.org/simple --only-binary :all: --generate-hashes \
+	  --python-platform aarch64-manylinux_2_28 --python-version 3.13 \
+	  --custom-compile-command "make image-lock" -o $(IMAGE_DIR)/requirements.lock
+	$(PY) -m inference.sentiment.image.supply_chain check
+
+# make bump-base DIGEST=sha256:<64 hex> [TAG=3.13-slim-trixie]: point the Dockerfile's FROM at another build.
+bump-base: $(VENV)/.runtime  ## move the serving image's base to DIGEST (the linux/arm64 manifest's digest; see docs)
+	$(PY) -m inference.sentiment.image.supply_chain bump-base --digest $(DIGEST) $(if $(TAG),--tag $(TAG))
 
 IMAGE_TAG ?= sentiment-server:local
 # Needs a Docker daemon with buildx; on x86 it emulates arm64 with QEMU (docs/sentiment-hosting.md, "Building and deploying").
 image:  ## build the sentiment serving image for linux/arm64 as IMAGE_TAG (sentiment-server:local)
-	docker buildx build --platform linux/arm64 -f inference/sentiment/image/Dockerfile -t $(IMAGE_TAG) --load .
+	docker buildx build --platform linux/arm64 --provenance=false --sbom=false -f inference/sentiment/image/Dockerfile \
+	  -t $(IMAGE_TAG) --load .

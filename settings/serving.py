@@ -30,6 +30,11 @@ GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
 }
 
 
+# Graviton2 (Neoverse N1) hosting families: no bf16 instructions, so the server runs them in fp32 (or int8), never
+# bf16 (inference/sentiment/cpu_features.py). Graviton3 (c7g) and Graviton4 (c8g) have them.
+NO_BF16_FAMILIES = ("c6g", "m6g", "r6g")
+
+
 @section
 class SentimentSettings:
     """The Graviton endpoint for the fine-tuned model (images and instance sizes in stacks/sentiment.py)."""
@@ -52,7 +57,8 @@ class SentimentSettings:
     max_batch_size: int = setting(32, "our server: texts gathered into one forward pass", ge=1, le=1024)
     max_batch_wait_ms: int = setting(5, "our server: longest wait for a batch to fill", ge=0, le=1000, unit="ms")
     max_queue: int = setting(256, "our server: texts waiting per worker before 503", ge=1, le=100000)
-    precision: Literal["fp32", "bf16", "int8"] | None = setting(None, "override the archive's gated precision")
+    precision: Literal["fp32", "bf16", "int8"] | None = setting(None, "override the archive's gated precision "
+                                                                "(bf16 needs c7g or c8g)")
     image_scan_on_push: bool = setting(True, "ECR scan on push for the CDK asset repositories (one per registry)")
 
     @model_validator(mode="after")
@@ -60,6 +66,11 @@ class SentimentSettings:
         if self.runtime == "server" and self.quantize != "none":
             raise SettingsError("sentiment.quantize", self.quantize,
                                 "none with sentiment.runtime=server (our server takes sentiment.precision=int8)")
+        family = self.instance_type.split(".")[1] if self.instance_type.count(".") == 2 else ""
+        if self.precision == "bf16" and family.startswith(NO_BF16_FAMILIES):
+            raise SettingsError("sentiment.precision", self.precision,
+                                f"fp32 or int8 on {self.instance_type} (Graviton2 has no bf16 instructions), or "
+                                "unset: the server then serves fp32 there; bf16 needs a c7g or c8g instance type")
         if self.max_queue < self.max_batch:
             raise SettingsError("sentiment.max_queue", self.max_queue,
                                 f"at least sentiment.max_batch ({self.max_batch}): a full request must fit")

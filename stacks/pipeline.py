@@ -19,6 +19,13 @@ from stacks.nag import acknowledge, compliance
 
 # CodeBuild's arm64 image for the asset publishing projects (native builds of the arm64 serving image).
 ASSET_BUILD_IMAGE = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_3_0
+# buildx adds a provenance attestation by default, which makes the pushed image an OCI image index (refused by
+# SageMaker's CreateModel). The asset projects install cdk-assets@latest (CDK Pipelines' default: a pinned release
+# must read the asset manifest's schema, and cdk-assets 4.7.3 refuses aws-cdk-lib 2.275's 55.0.0); recent releases
+# set this variable for their `docker build` themselves, and cdk-assets hands its own environment to docker (4.7.3
+# and the CLI's bundled copy: `env: {...process.env, ...options.env}`), so setting it on the projects keeps
+# attestations off whichever release runs (docs.docker.com/build/building/variables/).
+ASSET_BUILD_ENVIRONMENT = {"BUILDX_NO_DEFAULT_ATTESTATIONS": "1"}
 
 
 class EnvironmentStage(cdk.Stage):
@@ -93,7 +100,9 @@ class PipelineStack(cdk.Stack):
             # every instruction under QEMU. Docker builds need privileged mode.
             asset_publishing_code_build_defaults=pipelines.CodeBuildOptions(
                 build_environment=codebuild.BuildEnvironment(
-                    build_image=ASSET_BUILD_IMAGE, compute_type=codebuild.ComputeType.LARGE, privileged=True)),
+                    build_image=ASSET_BUILD_IMAGE, compute_type=codebuild.ComputeType.LARGE, privileged=True,
+                    environment_variables={name: codebuild.BuildEnvironmentVariable(value=value)
+                                           for name, value in ASSET_BUILD_ENVIRONMENT.items()})),
         )
         self.stages: dict[str, EnvironmentStage] = {}
         for stage_settings in stages:

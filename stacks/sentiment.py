@@ -50,15 +50,24 @@ SERVING_DOCKERFILE = "inference/sentiment/image/Dockerfile"
 SERVING_IMAGE_CONTEXT = ["*", "!inference/__init__.py", "!inference/sentiment/", "**/__pycache__", "**/*.pyc"]
 # The CDK bootstrap's container-assets repositories (cdk-<qualifier>-container-assets-<account>-<region>).
 ASSET_REPOSITORY_FILTER = "cdk-*-container-assets-*"
+# How the image leaves `docker build` (cdk-assets passes each entry as `--output=<entry>`, then tags and pushes the
+# local image): loaded into the local image store with Docker media types, so the push is one Docker v2 schema 2
+# manifest for linux/arm64, never an OCI image index, which SageMaker's CreateModel has refused. Provenance
+# attestations (the other way to get an index; BuildKit turns OCI media types back on for them) are off: the pinned
+# CDK CLI's cdk-assets sets BUILDX_NO_DEFAULT_ATTESTATIONS=1 for its `docker build` (tests/test_sentiment_stack.py
+# reads that in its source), and the pipeline's asset projects set it in their environment (stacks/pipeline.py).
+SERVING_IMAGE_OUTPUTS = ["type=docker,oci-mediatypes=false"]
 
 
 def serving_image(scope: Construct) -> ecr_assets.DockerImageAsset:
-    """Our serving image, built for linux/arm64 and pushed to the bootstrap's container-assets repository."""
+    """Our serving image, built for linux/arm64 only and pushed to the bootstrap's container-assets repository as a
+    single-platform Docker manifest without attestations (what SageMaker hosting accepts)."""
     return ecr_assets.DockerImageAsset(
         scope, "ServingImage",
         directory=str(REPO_ROOT),
         file=SERVING_DOCKERFILE,
         platform=ecr_assets.Platform.LINUX_ARM64,
+        outputs=SERVING_IMAGE_OUTPUTS,
         exclude=SERVING_IMAGE_CONTEXT,
         ignore_mode=cdk.IgnoreMode.DOCKER,
     )

@@ -18,6 +18,7 @@ from stacks.sentiment import (
     server_environment,
     vcpus,
 )
+from tests.conftest import REPO_ROOT
 
 MODEL_URL = "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"
 
@@ -333,3 +334,57 @@ def test_endpoint_log_group_lambda_is_traced(synthesized):
     template = synthesized("prod-sentiment").template("sentiment")
     functions = template.find_resources("AWS::Lambda::Function")
     assert functions and all(f["Properties"]["TracingConfig"] == {"Mode": "Active"} for f in functions.values())
+
+
+# --- the image SageMaker accepts (issue 32): one Docker v2 schema 2 manifest, no attestations ------------------------
+
+CDK_CLI = REPO_ROOT / "node_modules" / "aws-cdk"
+
+
+def _cdk_assets_docker_code() -> tuple[str, str]:
+    """(Docker.build, the image publisher's buildImage) from the pinned CDK CLI's bundled cdk-assets: what runs
+    `docker build` for `cdk deploy`, read in the release package.json pins."""
+    pinned = json.loads((REPO_ROOT / "package.json").read_text())["devDependencies"]["aws-cdk"]
+    installed = json.loads((CDK_CLI / "package.json").read_text())["version"]
+    assert installed == pinned, f"node_modules has aws-cdk {installed}, package.json pins {pinned}: run npm ci"
+    source = (CDK_CLI / "lib" / "index.js").read_text()
+    build = source[source.index("async build(options) {"):source.index("async login(ecr) {")]
+    image = source[source.index("async buildImage(localTagName) {"):source.index("async isImageCached(")]
+    return build, image
+
+
+def test_the_asset_manifest_asks_for_one_arm64_docker_manifest_without_attestations(synthesized):
+    """SageMaker's CreateModel has refused OCI image indexes (FACTS.md, "SageMaker's hosting contract for our own
+    image"); buildx makes one from a multi-platform build, a provenance attestation, or a push with OCI media types."""
+    result = synthesized("prod-sentiment")
+    [manifest] = result.outdir.glob("*-sentiment.assets.json")
+    [docker] = json.loads(manifest.read_text())["dockerImages"].values()
+    source = docker["source"]
+    assert source["platform"] == "linux/arm64"  # one platform: no index for several
+    assert source["dockerOutputs"] == ["type=docker,oci-mediatypes=false"]  # the local store, Docker media types
+    build, image = _cdk_assets_docker_code()
+    # Every field the manifest sets reaches `docker build` (none is silently dropped) ...
+    fields = {"directory": "directory: fullPath", "dockerFile": "file: source.dockerFile",
+              "platform": "platform: source.platform", "dockerOutputs": "outputs: source.dockerOutputs"}
+    assert set(source) <= set(fields), sorted(source)
+    assert all(fields[name] in image for name in source)
+    assert '...options.platform ? ["--platform", options.platform] : []' in build
+    assert "...options.outputs ? options.outputs.map((output) => [`--output=${output}`]) : []" in build
+    # ... and cdk-assets turns buildx's default provenance attestation off for that command.
+    assert 'env: {\n            BUILDX_NO_DEFAULT_ATTESTATIONS: "1"' in build
+    assert "--provenance" not in build and "--attest" not in build and "--sbom" not in build
+
+
+def test_the_pipelines_asset_builds_turn_attestations_off_too(synthesized):
+    """The pipeline publishes with cdk-assets@latest (CDK Pipelines' default), whose `docker build` inherits the
+    CodeBuild project's environment."""
+    from aws_cdk.assertions import Template
+
+    template = Template.from_json(synthesized("pipeline-sentiment").templates["mlrecipes-pipeline"])
+    projects = template.find_resources("AWS::CodeBuild::Project")
+    publishers = {name: project for name, project in projects.items()
+                  if "cdk-assets" in project["Properties"]["Source"]["BuildSpec"]}
+    assert publishers
+    for project in publishers.values():
+        variables = project["Properties"]["Environment"]["EnvironmentVariables"]
+        assert {"Name": "BUILDX_NO_DEFAULT_ATTESTATIONS", "Type": "PLAINTEXT", "Value": "1"} in variables

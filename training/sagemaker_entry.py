@@ -14,8 +14,10 @@ It reads the cluster from SageMaker's layout:
   FailureReason).
 
 After training, node 0 turns the model dir into what the sentiment endpoint loads directly: weights and
-tokenizer at the root, `code/inference.py`, `code/requirements.txt` and (with --download-wheels or
---wheelhouse) the handler's linux-aarch64 wheels in `code/wheels`, installed offline. It also copies
+tokenizer at the root, `precision.json` (the accuracy gate's record, as `training.package` writes it, run on this
+instance's CPU: which precisions pass holds anywhere, the timings only for this kind of CPU), `code/inference.py`,
+`code/requirements.txt` and (with --download-wheels or --wheelhouse) the handler's linux-aarch64 wheels in
+`code/wheels`, installed offline. It also copies
 metrics.json next to the checkpoints, where the model registry reads it (the archive itself is not readable
 by S3 URI).
 
@@ -194,16 +196,22 @@ def download_wheels(requirements: list[str], dest: Path, python: str) -> list[Pa
 
 
 def make_hostable(model_dir: Path, *, handler: Path, requirements_file: Path, wheels: list[Path],
-                  python: str) -> None:
-    """Add code/ to the finished model dir so SageMaker's model.tar.gz is what the endpoint loads."""
+                  python: str, gate: bool = True, gate_rounds: int | None = None) -> None:
+    """Add code/ and the accuracy gate's precision.json to the finished model dir, so SageMaker's model.tar.gz is
+    what the endpoint loads and carries the same record as an archive from `training.package`."""
     from training import package
 
     package.check_model_dir(model_dir)
     requirements = package.read_requirements(requirements_file)
     if wheels:
         package.check_wheelhouse(wheels, requirements, python, list(package.DEFAULT_PLATFORMS))
-    for name in package.SKIPPED_FILES:
+    record = None
+    if gate:
+        record = package.precision_record(model_dir, gate_rounds, lambda line: print(line, flush=True))
+    for name in (*package.SKIPPED_FILES, package.PRECISION_RECORD):
         (model_dir / name).unlink(missing_ok=True)
+    if record is not None:
+        (model_dir / package.PRECISION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
     for name, source in package.code_members(handler, requirements, wheels).items():
         target = model_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -236,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--python-version", default=os.environ.get("SERVING_PYTHON", package.DEFAULT_PYTHON),
                         help="the serving image's Python (default: $SERVING_PYTHON, set by the pipeline from "
                              "the sentiment image)")
+    parser.add_argument("--skip-gate", action="store_true",
+                        help="write no precision.json (the endpoint then serves fp32); the accuracy gate runs on "
+                             "this instance's CPU after training")
+    parser.add_argument("--gate-rounds", type=int, help="timed rounds per precision in the gate (default: the gate's)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then training.train_sentiment flags")
     return parser
 
@@ -282,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 wheels = download_wheels(package.read_requirements(args.requirements), Path(scratch),
                                          args.python_version)
             make_hostable(args.model_dir, handler=args.handler, requirements_file=args.requirements,
-                          wheels=wheels, python=args.python_version)
+                          wheels=wheels, python=args.python_version, gate=not args.skip_gate,
+                          gate_rounds=args.gate_rounds)
     except (package.PackageError, subprocess.CalledProcessError) as error:
         return _fail(args.output_dir, f"the trained model is not hostable: {error}", 3)
     metrics = args.model_dir / METRICS_FILE

@@ -6,8 +6,10 @@ test.jsonl, which `make train-local` never trains on). A precision passes when t
 on at least `--min-agreement` of the texts and no class probability moves by more than `--tolerance`. The
 precisions then take turns on one batch of `--batch-size` texts for `--rounds` rounds; the fastest that passed
 (best round's ms per batch, on this machine: other work on a shared machine only ever adds time, so the best
-round is the steadiest figure; the median is recorded too) is the gate's choice. `training.package` runs this
-and writes the result to `precision.json` in the archive.
+round is the steadiest figure; the median is recorded too) is the gate's choice here (bf16 only where this CPU has
+bf16 instructions). `training.package` (and SageMaker training, `training.sagemaker_entry`) runs this and writes
+the result to `precision.json` in the archive: which precisions passed (true on any CPU) apart from the timings
+(true for this kind of CPU), so the server picks again for the CPU it runs on (`precision.choose_explained`).
 
     python -m inference.sentiment.accuracy_check --model-dir artifacts/tiny-model
     python -m inference.sentiment.accuracy_check --random-model roberta-base     # random weights, built here
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from inference.sentiment import cpu_features
 from inference.sentiment import precision as precisions
 
 PROG = "python -m inference.sentiment.accuracy_check"
@@ -145,7 +148,8 @@ def measure(model_dir: Path, wanted: tuple[str, ...] = precisions.PRECISIONS, *,
 
 
 def _machine() -> dict:
-    """Where the timings were taken: they pick the precision, so the record says which machine they describe."""
+    """Where the timings were taken: the server trusts them only on the same kind of CPU (machine and bf16
+    instructions), so the record says which machine they describe."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -156,8 +160,9 @@ def _machine() -> dict:
                 break
     except OSError:
         pass
-    described = {"machine": platform.machine(), "cpu": cpu, "threads": torch.get_num_threads(),
-                 "torch": torch.__version__}
+    bf16 = cpu_features.this_cpu()
+    described = {"machine": platform.machine(), "cpu": cpu, "bf16_instructions": bf16.available,
+                 "threads": torch.get_num_threads(), "torch": torch.__version__}
     try:
         import torchao
 
@@ -213,6 +218,11 @@ def report(record: dict) -> list[str]:
         lines.append("  " + precisions.Figures.from_dict(name, data).describe(gate["min_agreement"],
                                                                            gate["max_probability_change"]))
     lines.append(f"chosen: {record['precision']} (the fastest that passed)")
+    if record["gate"]["measured_on"].get("bf16_instructions") is False:
+        lines.append("  (bf16 not chosen here: this CPU has no bf16 instructions)")
+    if "accuracy" in record:
+        lines.append(f"passed on any CPU: {', '.join(record['accuracy']['passed'])}; the server picks among them for "
+                     "its own CPU")
     return lines
 
 

@@ -4,9 +4,17 @@
 result to `precision.json` at the archive's root: the fastest precision whose answers stay close to fp32 on a
 held-out sample, with the figures measured for every precision. The server calls two functions at model load:
 
-- `choose(model_dir, override)`: the override (`sentiment.precision`, passed as SENTIMENT_PRECISION) when the
-  gate passed it, else the recorded choice, else fp32 (an archive packaged before the gate existed). An override
-  that failed the gate raises `PrecisionRefused` with the measured figures.
+- `choose(model_dir, override)` (`choose_explained` adds why, for the start-up log): the override
+  (`sentiment.precision`, passed as SENTIMENT_PRECISION) when the gate passed it, else the fastest precision that
+  passed the gate and that the serving CPU runs (bf16 only with bf16 instructions, `inference.sentiment.cpu_features`),
+  else fp32 (an archive packaged before the gate existed). An override that failed the gate raises
+  `PrecisionRefused` with the measured figures.
+
+The record keeps accuracy apart from speed: `accuracy.passed` holds for any CPU (bf16 is computed exactly the same
+way, only slower, where a CPU lacks the instructions), `speed` only for the kind of CPU it was timed on
+(`speed.measured_on`: machine and bf16 instructions). The server ranks by those timings when they come from its
+own kind of CPU; otherwise by `DEFAULT_ORDER` (bf16 then fp32 where the CPU has bf16; fp32 where it has not: int8's
+gain is only taken where it was measured on such a CPU).
 - `apply(model, precision)`: the model converted to that precision, with the process's math mode set for it.
 - `process_environment(precision)`: variables a worker must have before it imports torch (the supervisor sets
   them for its workers).
@@ -30,6 +38,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inference.sentiment.cpu_features import Bf16Support, this_cpu
+
 PRECISIONS = ("fp32", "bf16", "int8")
 RECORD = "precision.json"
 # The gate (issue 21): best labels agree on at least this share of the held-out sample...
@@ -38,6 +48,8 @@ MIN_AGREEMENT = 0.99
 TOLERANCE = 0.05
 FPMATH_ENV = "DNNL_DEFAULT_FPMATH_MODE"
 OVERRIDE_ENV = "SENTIMENT_PRECISION"
+# The serving order where the record holds no timing from this kind of CPU (see the module's docstring).
+DEFAULT_ORDER = {True: ("bf16", "fp32"), False: ("fp32",)}
 
 
 class PrecisionRefused(ValueError):
@@ -88,9 +100,20 @@ def pick(figures: list[Figures], min_agreement: float = MIN_AGREEMENT, tolerance
 
 def make_record(figures: list[Figures], *, min_agreement: float = MIN_AGREEMENT, tolerance: float = TOLERANCE,
                 **details) -> dict:
-    """precision.json's content: the choice, the thresholds, every precision's figures, and where they came from."""
+    """precision.json's content: the packaging machine's choice, which precisions passed (any CPU), their timings
+    and the CPU they describe, the thresholds, and every precision's figures."""
+    measured_on = details.get("measured_on") or {}
+    if measured_on.get("bf16_instructions") is False:  # what the server would choose on this machine: no bf16
+        figures_for_choice = [entry for entry in figures if entry.precision != "bf16"]
+    else:
+        figures_for_choice = figures
     return {
-        "precision": pick(figures, min_agreement, tolerance),
+        "precision": pick(figures_for_choice, min_agreement, tolerance),
+        "accuracy": {"passed": [entry.precision for entry in figures if entry.passed(min_agreement, tolerance)],
+                     "failed": [entry.precision for entry in figures if not entry.passed(min_agreement, tolerance)]},
+        "speed": {"measured_on": details.get("measured_on"),
+                  "ms_per_batch": {entry.precision: entry.ms_per_batch for entry in figures
+                                   if entry.ms_per_batch is not None and entry.error is None}},
         "gate": {"min_agreement": min_agreement, "max_probability_change": tolerance, **details},
         "figures": {entry.precision: {key: value for key, value in asdict(entry).items()
                                       if key != "precision" and value is not None}
@@ -119,21 +142,74 @@ def _check(precision: str, where: str) -> str:
     return precision
 
 
-def choose(model_dir: Path, override: str | None) -> str:
-    """The precision to serve: a gate-passed override, else the record's choice, else fp32 (no record)."""
+def passed(record: dict) -> list[str]:
+    """The precisions that passed the record's accuracy gate (fp32, the reference, always does)."""
+    if "accuracy" in record:
+        names = list(record["accuracy"].get("passed", []))
+    else:  # a record from before accuracy and speed were apart: its figures say which passed
+        gate = record.get("gate", {})
+        names = [name for name, data in record.get("figures", {}).items() if Figures.from_dict(name, data).passed(
+            gate.get("min_agreement", MIN_AGREEMENT), gate.get("max_probability_change", TOLERANCE))]
+    return [name for name in PRECISIONS if name == "fp32" or name in names]
+
+
+def _speeds_for(record: dict, cpu: Bf16Support) -> dict[str, float] | None:
+    """The record's timings when they were taken on this kind of CPU (machine and bf16 instructions), else None."""
+    speed = record.get("speed") or {}
+    measured_on = speed.get("measured_on") or {}
+    if measured_on.get("machine") != cpu.machine or measured_on.get("bf16_instructions") != cpu.available:
+        return None
+    return speed.get("ms_per_batch") or None
+
+
+def choose(model_dir: Path, override: str | None, cpu: Bf16Support | None = None) -> str:
+    """The precision to serve (see `choose_explained`)."""
+    return choose_explained(model_dir, override, cpu)[0]
+
+
+def choose_explained(model_dir: Path, override: str | None, cpu: Bf16Support | None = None) -> tuple[str, str]:
+    """(precision, why): a gate-passed override; else the fastest gate-passed precision this CPU runs; else fp32."""
+    cpu = this_cpu() if cpu is None else cpu
     record = read_record(model_dir)
-    if not override:
-        return "fp32" if record is None else record["precision"]
-    precision = _check(override.strip().lower(), OVERRIDE_ENV)
-    if record is None or precision == "fp32":
-        return precision  # fp32 is the reference; without a record there is no gate result to refuse on
+    if override:
+        precision = _check(override.strip().lower(), OVERRIDE_ENV)
+        # An explicit bf16 on a CPU without bf16 instructions is served (a benchmark may want exactly that), with
+        # the cost said; the settings refuse it for instance types without them (settings/serving.py).
+        slow = (f"; this CPU has no bf16 instructions ({cpu.evidence}): oneDNN converts to fp32 and back, slower "
+                "than fp32") if precision == "bf16" and not cpu.available else ""
+        if record is None or precision == "fp32":
+            # fp32 is the reference; without a record there is no gate result to refuse on
+            return precision, (f"{OVERRIDE_ENV}={precision}" + ("" if record else " (the model has no gate record)")
+                               + slow)
+        _refuse_unless_passed(model_dir, record, precision)
+        return precision, f"{OVERRIDE_ENV}={precision}, which passed this model's accuracy gate{slow}"
+    if record is None:
+        return "fp32", f"the model has no {RECORD} (packaged before the accuracy gate)"
+    candidates = [name for name in passed(record) if name != "bf16" or cpu.available]
+    dropped = " (bf16 passed, but this CPU has no bf16 instructions)" if (
+        "bf16" in passed(record) and not cpu.available) else ""
+    where = f"CPU: {cpu.evidence}"
+    speeds = _speeds_for(record, cpu)
+    timed = [name for name in candidates if speeds and name in speeds]
+    if timed:
+        chosen = min(timed, key=lambda name: (speeds[name], PRECISIONS.index(name)))
+        figures = ", ".join(f"{name} {speeds[name]:.1f} ms" for name in timed)
+        return chosen, (f"fastest of the gate-passed precisions this CPU runs ({figures} per batch, timed on this "
+                        f"kind of CPU){dropped}; {where}")
+    order = DEFAULT_ORDER[cpu.available]
+    chosen = next(name for name in order if name in candidates or name == "fp32")
+    return chosen, (f"gate passed {', '.join(passed(record))}{dropped}; no timing from this kind of CPU in "
+                    f"{RECORD}, so the default order {' > '.join(order)}; {where}")
+
+
+def _refuse_unless_passed(model_dir: Path, record: dict, precision: str) -> None:
     gate = record.get("gate", {})
     min_agreement = gate.get("min_agreement", MIN_AGREEMENT)
     tolerance = gate.get("max_probability_change", TOLERANCE)
     measured = {name: Figures.from_dict(name, data) for name, data in record.get("figures", {}).items()}
     entry = measured.get(precision)
     if entry is not None and entry.passed(min_agreement, tolerance):
-        return precision
+        return
     allowed = [name for name in PRECISIONS if name == "fp32" or (name in measured and
                                                                   measured[name].passed(min_agreement, tolerance))]
     why = entry.describe(min_agreement, tolerance) if entry else f"{precision}: not measured by this model's gate"

@@ -43,13 +43,39 @@ def docker_engine() -> str | None:
 def test_the_dockerfile_keeps_the_images_rules():
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG BASE_IMAGE=\S+@sha256:[0-9a-f]{64}$", text, re.M)  # base pinned by digest
-    final = text.rsplit("\nFROM ", 1)[1]  # the stage that serves
+    build, final = text.split("\nFROM ", 2)[1:]  # the build stage, then the stage that serves
     assert final.startswith("${BASE_IMAGE}\n")
-    assert re.search(r"^USER 10001:10001$", final, re.M)  # not root
+    # Root, as SageMaker hosting requires, with AWS's words cited (issue 32).
+    assert re.search(r"^USER root$", final, re.M) and "USER 10001" not in text
+    assert "SageMaker AI expects all containers to run with root users" in final
+    assert "sagemaker/latest/dg/your-algorithms-inference-code.html" in final
     assert re.search(r"for tool in gcc cc c\+\+ g\+\+ clang make; do if command -v", final)  # no compilers
+    # No pip: the base's removed (and ensurepip's wheel), the venv's removed in the build stage; both checked.
+    assert "python -m pip uninstall --yes --quiet pip" in final and "ensurepip/_bundled/*.whl" in final
+    assert 'if python -c "import pip"' in final and 'if /opt/venv/bin/python -c "import pip"' in final
+    assert "/opt/venv/bin/python -m pip uninstall --yes pip" in build
+    # The code and packages are root's and read-only, checked after the chmod.
+    assert "COPY --from=build --chown=root:root /opt/venv /opt/venv" in final
+    assert "chmod -R a-w,a+rX /opt/venv /opt/server" in final and "! -type l -perm /222" in final
     assert 'ENTRYPOINT ["python", "-m", "inference.sentiment.server"]' in final
     assert final.rstrip().endswith('CMD ["serve"]')
     assert "EXPOSE 8080" in final
+
+
+def test_the_build_installs_only_hashed_wheels_and_fails_on_the_torch_check():
+    build = DOCKERFILE.read_text().split("\nFROM ", 2)[1]
+    joined = re.sub(r"\\\n\s*", " ", build)  # continuation lines joined: one line per RUN
+    installs = [step for step in re.split(r"&&|\n", joined) if "/opt/venv/bin/pip install" in step]
+    assert len(installs) == 2, installs
+    for command in installs:
+        assert "--require-hashes" in command and "--no-deps" in command and "--only-binary=:all:" in command
+    assert "-r /tmp/torch.lock" in installs[0] and "https://download.pytorch.org/whl/cpu" in installs[0]
+    assert "-r /tmp/requirements.lock" in installs[1] and "--index-url" not in installs[1]
+    assert "/opt/venv/bin/pip check" in build
+    # The torch/oneDNN check is a RUN step of its own outcome: nothing may swallow its exit status.
+    [check] = [line for line in build.splitlines() if "inference.sentiment.image_check" in line]
+    assert check.startswith("RUN /opt/venv/bin/python -m inference.sentiment.image_check --torch-lock /tmp/torch.lock")
+    assert not re.search(r"\|\||; *true|\|\s*true", build)
 
 
 @pytest.mark.slow
@@ -60,7 +86,7 @@ def test_make_image_builds_it_and_it_answers_one_request(archive, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
     subprocess.run(["tar", "-xzf", str(archive), "-C", str(model)], check=True)
-    subprocess.run(["chmod", "-R", "a+rX", str(model)], check=True)  # the image's user 10001 reads it
+    subprocess.run(["chmod", "-R", "a+rX", str(model)], check=True)
     container = subprocess.run(
         ["docker", "run", "--detach", "--rm", "--platform", "linux/arm64", "-p", "127.0.0.1::8080",
          "-v", f"{model}:/opt/ml/model:ro", TAG, "serve"], capture_output=True, text=True, check=True).stdout.strip()

@@ -64,7 +64,7 @@ def _run_two_nodes(roots: list[Path], *train_args: str) -> list[subprocess.Compl
     launches = [
         subprocess.Popen(
             [sys.executable, "-m", "training.sagemaker_entry", "--checkpoint-dir", str(root / "checkpoints"),
-             "--", *TRAIN_ARGS, *train_args],
+             "--gate-rounds", "1", "--", *TRAIN_ARGS, *train_args],
             cwd=ROOT, env=_env(root, host, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for root, host in zip(roots, HOSTS, strict=True)
     ]
@@ -112,6 +112,13 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
             "code/requirements.txt", f"code/{package.SERVICE.name}"} <= names
     assert not any(name.startswith("checkpoint") for name in names)
     assert (model_dir / "code" / "inference.py").read_text() == package.DEFAULT_HANDLER.read_text()
+    # The same precision record as training.package writes (issue 32): accuracy apart from speed, and the CPU.
+    from inference.sentiment import precision
+
+    record = precision.read_record(model_dir)
+    assert set(record["figures"]) == {"fp32", "bf16", "int8"} and "fp32" in record["accuracy"]["passed"]
+    assert set(record["speed"]["ms_per_batch"]) <= {"fp32", "bf16", "int8"} and record["gate"]["rounds"] == 1
+    assert record["speed"]["measured_on"]["bf16_instructions"] in (True, False)
     # SageMaker tars /opt/ml/model as is; the packaging checks accept that archive.
     archive = tmp_path / "model.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
@@ -217,7 +224,7 @@ def test_vendored_wheels_go_into_code_and_install_offline(trained, tmp_path):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("sentiment-demo==1.0\n")
     sagemaker_entry.make_hostable(model, handler=package.DEFAULT_HANDLER, requirements_file=requirements,
-                                  wheels=wheels, python=package.DEFAULT_PYTHON)
+                                  wheels=wheels, python=package.DEFAULT_PYTHON, gate=False)
     assert sorted(p.name for p in (model / "code" / "wheels").iterdir()) == sorted(w.name for w in wheels)
     assert (model / "code" / "requirements.txt").read_text().splitlines() == [
         "--no-index", "--find-links wheels", "sentiment-demo==1.0"]

@@ -267,7 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                           precision=args.precision, host=args.host)
         model_dir, workdir = resolve_model((args.model_dir or config.model_dir).absolute())
         config = ServerConfig(**{**asdict(config), "model_dir": model_dir})
-        chosen = precision.choose(model_dir, config.precision)  # a refused override stops here, with its figures
+        # A refused override stops here, with its figures; else one line says what runs and why (the serving CPU).
+        chosen, why = precision.choose_explained(model_dir, config.precision)
+        LOG.info("precision %s: %s", chosen, why)
         for name, value in precision.process_environment(chosen).items():
             os.environ.setdefault(name, value)  # the workers inherit it; oneDNN reads it when they import torch
         supervisor = Supervisor(config)

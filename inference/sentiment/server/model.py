@@ -5,8 +5,9 @@ handler's `model_fn` reads them. The archive's `code/` folder (handler, TorchSer
 wheels) is not used: the image carries our handler (`inference.sentiment.inference`) and every Python
 dependency, so nothing is imported from the archive or installed at start-up.
 
-Precision comes from `inference.sentiment.precision`: the choice recorded in the model directory, unless the
-endpoint overrides it (`SENTIMENT_PRECISION`).
+Precision comes from `inference.sentiment.precision.choose`: the fastest precision that passed the accuracy gate
+recorded in the model directory and that this CPU runs (bf16 only with bf16 instructions), unless the endpoint
+overrides it (`SENTIMENT_PRECISION`); fp32 for a model without a record. The supervisor logs the choice and why.
 
 The requests of a batch go through the handler's own `predict_fn` as one list of texts (length-sorted buckets,
 dynamic padding, the model's truncation limit), asking for every label's score; each request then gets its
