@@ -1,4 +1,5 @@
-"""One paid training run: a GPU instance from the Deep Learning AMI whose user data trains and terminates."""
+"""One paid training run: a GPU instance from the Deep Learning Base AMI (Amazon Linux 2023) whose user data builds
+the training image on AWS's Amazon Linux 2023 PyTorch image, trains and terminates."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from stacks.sentiment import GRAVITON_IMAGES
 from stacks.serving_wheels import wheel_target
 
 USER_DATA_SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
-TRAINING_REPOSITORY = "pytorch-training"
+# AWS's Amazon Linux 2023 PyTorch training images (settings.training.EC2_IMAGE_TAGS).
+TRAINING_REPOSITORY = "pytorch"
 MODEL_PREFIX = "models/sentiment"
 # Code the instance needs, shipped as CDK assets; caches and build output stay behind.
 _ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", "model", "checkpoints", "*.tar.gz"]

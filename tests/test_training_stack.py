@@ -7,7 +7,7 @@ import re
 import pytest
 from aws_cdk.assertions import Match
 
-SSM_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+SSM_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
 
 
 def _instance(template) -> dict:
@@ -110,7 +110,7 @@ def test_dlc_registry_and_image_for_the_region(synthesized):
     script = _literal_user_data(synthesized("prod-training").template("training"))
     assert "export DLC_REGISTRY=763104351884.dkr.ecr.us-west-2.amazonaws.com\n" in script
     assert ("export BASE_IMAGE=763104351884.dkr.ecr.us-west-2.amazonaws.com/"
-            "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2\n") in script
+            "pytorch:2.13.0-cu133-amzn2023\n") in script
 
 
 def test_a_new_run_id_replaces_the_instance(synthesized):
@@ -128,7 +128,7 @@ def test_instance_role_is_least_privilege(synthesized):
     by_sid = {s["Sid"]: s for s in statements}
     assert set(by_sid) == {"PullTrainingImage", "RegistryLogin", "ReadCode", "WriteRunOutputs", "EncryptRunOutputs",
                            "WriteLogs", "SessionManager"}
-    assert by_sid["PullTrainingImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-training"
+    assert by_sid["PullTrainingImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch"
     assert by_sid["RegistryLogin"]["Action"] == "ecr:GetAuthorizationToken"
     assert all("*" not in str(r) for r in by_sid["ReadCode"]["Resource"])
     assert by_sid["WriteRunOutputs"]["Action"] == ["s3:AbortMultipartUpload", "s3:PutObject"]
