@@ -144,7 +144,12 @@ def configure_dynamo(shapes: int) -> None:
     first from then on; a dynamic graph is slower than a static one, and the set of lengths is small and known.
     """
     import torch._dynamo
+    from torch._dynamo.utils import clear_compilation_metrics, counters
 
+    # This run's record starts empty (tests train several times in one process).
+    torch._dynamo.reset()
+    counters.clear()
+    clear_compilation_metrics()
     torch._dynamo.config.automatic_dynamic_shapes = False
     # A few spare entries: the default (8) is a guard against runaway recompiles, which we still want.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 4)
