@@ -10,7 +10,10 @@ figures are the median step over the steps after the first 10, leaving out those
 two epochs of at least 300 steps in all; useful tokens are the non-padding ones. Compile counts and seconds come
 from Dynamo's own records. The bare step loop of `training.benchmark` runs last, for comparison.
 
-On a GPU the model has RoBERTa-base's dimensions (random weights, no download); on a CPU it is the tiny model.
+On a GPU the model has RoBERTa-base's dimensions (random weights, no download); on a CPU it is the tiny model, padded
+to 64 tokens, compiled with the aot_eager backend (Dynamo and AOTAutograd without inductor's C++ builds, which cost
+about a minute per new shape on a 2-core machine), and run once: a CPU run shows the command works, and what the
+Trainer path does (graphs, recompiles, padding), not the GPU's speed-up.
 """
 
 from __future__ import annotations
@@ -45,15 +48,14 @@ class Variant:
     cache: str  # "cold": an empty compile cache; "warm": the one the cold run filled; "-": no compile
 
 
-def variants(compile_backend: str) -> list[Variant]:
+def variants(compile_backend: str, cold: bool) -> list[Variant]:
     plain = ("--no-torch-compile", "--no-bf16", "--no-fused-adamw", "--no-tf32")
     fast = ("--torch-compile", "--torch-compile-backend", compile_backend, "--bf16", "--fused-adamw")
-    return [
-        Variant("plain", plain, "max-length", "-"),
-        Variant("optimized (cold cache)", fast, "max-length", "cold"),
-        Variant("optimized (warm cache)", fast, "max-length", "warm"),
-        Variant("optimized+buckets", fast, "buckets", "warm"),
-    ]
+    optimized = ([Variant("optimized (cold cache)", fast, "max-length", "cold"),
+                  Variant("optimized (warm cache)", fast, "max-length", "warm")] if cold
+                 else [Variant("optimized", fast, "max-length", "as found")])
+    return [Variant("plain", plain, "max-length", "-"), *optimized,
+            Variant("optimized+buckets", fast, "buckets", "warm" if cold else "as found")]
 
 
 def peak_flops(gpu: str | None) -> float | None:
@@ -62,22 +64,6 @@ def peak_flops(gpu: str | None) -> float | None:
         if gpu and fragment in gpu:
             return peak
     return None
-
-
-def cpu_gemm_roof(bf16: bool, threads: int, size: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of a square matmul on this CPU at the training run's thread count: the CPU's roof for MFU."""
-    import torch
-
-    torch.set_num_threads(threads)
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    a @ b
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
 
 
 def training_flops_per_token(config: dict, sequence: float) -> float:
@@ -113,16 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=("auto", "tiny", "random-base"), default="auto",
                         help="auto: random-base on a GPU, tiny on a CPU")
     parser.add_argument("--batch-size", type=_positive_int, default=16, help="per device (the recipe's 16)")
-    parser.add_argument("--max-length", type=_positive_int, default=128, help="padded length of the plain runs")
+    parser.add_argument("--max-length", type=_positive_int,
+                        help="padded length of the max-length runs (default: 128 on a GPU, 64 on a CPU)")
     parser.add_argument("--bucket-size", type=_positive_int, default=32)
     parser.add_argument("--epochs", type=_positive_int, default=2)
     parser.add_argument("--repeat", type=_positive_int,
                         help="copies of the 266-row sample in the training set (default: enough for 300 steps)")
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="torch.compile backend (eager or aot_eager: Dynamo only, for quick checks)")
+    parser.add_argument("--compile-backend",
+                        help="torch.compile backend (default: inductor on a GPU, aot_eager on a CPU)")
     parser.add_argument("--cold-cache", action=argparse.BooleanOptionalAction, default=None,
-                        help="start the first optimized run with an empty compile cache (default: on a GPU; on a CPU "
-                        "a cold inductor cache costs about a minute of C++ builds, so the cache as found is used)")
+                        help="run optimized twice, first with an empty compile cache, then warm (default: with "
+                        "inductor; on a CPU the cold run costs minutes of C++ builds)")
     parser.add_argument("--only", help="comma-separated variant names to run (default: all)")
     parser.add_argument("--bare-loop", action=argparse.BooleanOptionalAction, default=True,
                         help="also run training.benchmark's bare step loop at the same batch shape")
@@ -149,7 +136,7 @@ def _data(work: Path, repeat: int) -> Path:
 
 def launch(variant: Variant, args, model: str, train_file: Path, work: Path, cache_root: Path | None) -> dict:
     """One torchrun launch of train_sentiment; returns its timing file, with the wall time of the launch."""
-    name = variant.name.split(" ")[0] + ("-" + variant.cache if variant.cache != "-" else "")
+    name = variant.name.split(" ")[0] + ("-" + variant.cache.replace(" ", "-") if variant.cache != "-" else "")
     timing = work / f"{name}.json"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
@@ -185,7 +172,8 @@ def bare_loop(args, model_size: str) -> dict | None:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bare.json"
         command = [sys.executable, "-m", "training.benchmark", "--batch-size", str(args.batch_size),
-                   "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "30", "--json", str(out)]
+                   "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "30",
+                   "--compile-backend", args.compile_backend, "--json", str(out)]
         print(f"[bare loop] {' '.join(command[1:])}", flush=True)
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
@@ -202,7 +190,7 @@ def _fmt(value, spec: str, missing: str = "n/a") -> str:
 
 def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak_note: str) -> list[str]:
     lines = [f"{'variant':<24} {'padding':<10} {'samples/s':>9} {'useful tok/s':>12} {'step ms':>8} {'steps':>5} "
-             f"{'compiles':>8} {'recomp.':>7} {'compile s':>9} {'MFU':>6} {'val acc':>7}"]
+             f"{'graphs':>6} {'recomp.':>7} {'compile s':>9} {'MFU':>6} {'val acc':>7}"]
     for name, timing in results.items():
         compiled = timing.get("compile") or {}
         executed, _ = mfu(timing, peak)
@@ -210,12 +198,13 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
             f"{name:<24} {timing['padding']:<10} {_fmt(timing['samples_per_second'], '9.1f'):>9} "
             f"{_fmt(timing['useful_tokens_per_second'], '12.0f'):>12} "
             f"{_fmt(timing['median_step_seconds'] * 1000, '8.2f'):>8} {timing['steps_measured']:>5} "
-            f"{compiled.get('compiles', 0):>8} {compiled.get('recompiles', 0):>7} "
+            f"{compiled.get('unique_graphs', 0):>6} {compiled.get('recompiles', 0):>7} "
             f"{_fmt(compiled.get('compile_seconds'), '9.1f', '-'):>9} {_fmt(executed, '6.1%'):>6} "
             f"{_fmt((timing.get('validation') or {}).get('accuracy'), '7.3f'):>7}")
-    lines.append(f"MFU: against {peak_note}; counts every computed token (padding included)")
+    lines.append(f"MFU: against {peak_note}; counts every computed token (padding included); graphs and recompiles "
+                 "from Dynamo's records")
     plain = results.get("plain")
-    warm = results.get("optimized (warm cache)") or results.get("optimized (cold cache)")
+    warm = results.get("optimized (warm cache)") or results.get("optimized")
     buckets = results.get("optimized+buckets")
     trainer_ratio = None
     if plain and warm:
@@ -234,9 +223,12 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
                      f"{buckets['useful_tokens_per_row'] / buckets['padded_tokens_per_row']:.0%} of computed tokens "
                      f"(were {warm['useful_tokens_per_row'] / warm['padded_tokens_per_row']:.0%})")
     cold = results.get("optimized (cold cache)")
-    if cold and cold.get("compile"):
-        lines.append(f"compile seconds: first optimized run {cold['compile']['compile_seconds']:.1f} "
-                     f"({cold['cache']} cache), second {warm['compile']['compile_seconds']:.1f} (warm cache)")
+    if cold and cold.get("compile") and warm and warm.get("compile"):
+        lines.append(f"compile seconds at {cold['lengths'][-1]} tokens: {cold['compile']['compile_seconds']:.1f} "
+                     f"with an empty cache, {warm['compile']['compile_seconds']:.1f} with it warm")
+    elif warm and warm.get("compile"):
+        lines.append(f"compile seconds: {warm['compile']['compile_seconds']:.1f} (compile cache as found; --cold-cache "
+                     "measures cold and warm)")
     return lines
 
 
@@ -244,10 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     device, gpu = _device()
     model = args.model if args.model != "auto" else ("random-base" if device == "cuda" else "tiny")
-    cold = args.cold_cache if args.cold_cache is not None else device == "cuda"
+    args.max_length = args.max_length or (128 if device == "cuda" else 64)
+    args.compile_backend = args.compile_backend or ("inductor" if device == "cuda" else "aot_eager")
+    cold = args.cold_cache if args.cold_cache is not None else args.compile_backend == "inductor"
     steps_per_copy = TRAIN_ROWS / args.batch_size
     repeat = args.repeat or math.ceil(MIN_STEPS / args.epochs / steps_per_copy)
-    chosen = variants(args.compile_backend)
+    chosen = variants(args.compile_backend, cold)
     if args.only:
         names = {name.strip() for name in args.only.split(",")}
         unknown = names - {variant.name.split(" ")[0] for variant in chosen}
@@ -271,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for variant in chosen:
                 timing = launch(variant, args, model, train_file, work, cache_root)
-                timing["cache"] = "empty" if variant.cache == "cold" and cold else (
-                    "as found" if variant.cache == "cold" else variant.cache)
+                timing["cache"] = variant.cache
                 results[variant.name] = timing
                 print(f"[{variant.name}] {timing['samples_per_second']:.1f} samples/s over "
                       f"{timing['steps_measured']} steps, {timing['wall_seconds']} s", flush=True)
@@ -281,15 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         bare = bare_loop(args, "base" if model == "random-base" else "tiny") if args.bare_loop else None
 
-    first = next(iter(results.values()))
-    if device == "cuda":
-        peak = peak_flops(gpu)
-        note = f"{gpu}'s dense bf16 peak {peak / 1e12:.0f} TFLOP/s" if peak else f"no peak known for {gpu} (n/a)"
+    peak = peak_flops(gpu) if device == "cuda" else None
+    if peak:
+        note = f"{gpu}'s dense bf16 peak {peak / 1e12:.0f} TFLOP/s"
+    elif device == "cuda":
+        note = f"no bf16 peak known for {gpu}: n/a"
     else:
-        precise = any(timing["precision"]["bf16"] for timing in results.values())
-        peak = cpu_gemm_roof(precise, first["cpu_threads"])
-        note = (f"this CPU's measured {'bf16' if precise else 'fp32'} GEMM roof at {first['cpu_threads']} thread(s), "
-                f"{peak / 1e9:.0f} GFLOP/s (1024^3 matmul)")
+        note = "nothing on a CPU (n/a: its roof on a shared machine moves with the load)"
     lines = report(results, bare, peak, note)
     print("\n".join(lines))
     if args.json:
