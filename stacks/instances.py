@@ -31,11 +31,3 @@ def has_instance_storage(instance_type: str) -> bool:
     family = instance_type.removeprefix("ml.").split(".")[0]
     return family in INSTANCE_STORAGE_FAMILIES or bool(re.fullmatch(r"[a-z]+\d+[a-z]*d[n]?", family))
 
-
-# Instance families with EFA and GPUDirect RDMA (p4d and p4de: four EFA devices; p5: 32; p5e/p5en/p6 likewise).
-EFA_RDMA_FAMILIES = ("p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
-
-
-def has_efa_rdma(instance_type: str) -> bool:
-    """True for the EFA families above, an EC2 type or a SageMaker `ml.` one."""
-    return instance_type.removeprefix("ml.").split(".")[0] in EFA_RDMA_FAMILIES

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from settings.training import TrainingSettings
-from stacks.instances import has_efa_rdma, has_instance_storage
+from stacks.instances import has_instance_storage
 from stacks.serving_wheels import WheelTarget
 
 DEFINITION_VERSION = "2020-12-01"
@@ -121,10 +121,9 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         # Unbuffered, so the metric lines reach the log (and the MetricDefinitions) as they are printed.
         "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
                         # NCCL over EFA between instances: the image's aws-ofi-nccl (/opt/amazon/ofi-nccl/lib64,
-                        # on its LD_LIBRARY_PATH) with NCCL from the pip wheel; SageMaker attaches the EFA devices.
+                        # on its LD_LIBRARY_PATH) with NCCL from the pip wheel. FI_PROVIDER and RDMA are set per
+                        # instance type by training.sagemaker_entry, as SageMaker's own torchrun driver does.
                         "NCCL_NET_PLUGIN": "ofi",
-                        **({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
-                           if has_efa_rdma(config.sagemaker_instance_type) else {}),
                         **({"SERVING_PYTHON": resources.serving_wheels.python,
                             "SERVING_PLATFORMS": resources.serving_wheels.platform_flags()}
                            if resources.serving_wheels else {})},

@@ -458,7 +458,8 @@ def train(args) -> dict:
     if speed.torch_compile:
         step_path.configure_dynamo(len(lengths))
     train_collator = step_path.BucketCollator(tokenizer.pad_token_id, lengths)
-    timer = step_path.make_step_timer(speed.device)
+    # The timer synchronizes the device at every step end: only a benchmark run (--step-timing) pays for that.
+    timer = step_path.make_step_timer(speed.device) if args.step_timing else None
     trainer = step_path.recipe_trainer(train_collator)(
         model=model,
         args=training_args,
@@ -467,7 +468,7 @@ def train(args) -> dict:
         processing_class=tokenizer,
         data_collator=step_path.BucketCollator(tokenizer.pad_token_id, lengths),
         compute_metrics=compute_metrics,
-        callbacks=[timer],
+        callbacks=[timer] if timer else None,
     )
     result = trainer.train(resume_from_checkpoint=resume)
     compiled = step_path.compile_record() if speed.torch_compile else None
