@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     steps = int(TRAIN_ROWS * repeat // args.batch_size) * args.epochs
     print(f"{device} ({gpu or 'CPU'}), model {model}, batch {args.batch_size}, max length {args.max_length}, "
           f"{TRAIN_ROWS * repeat} training rows x {args.epochs} epochs = {steps} steps per run, compile backend "
-          f"{args.compile_backend}, first optimized run with {'an empty' if cold else 'the existing'} compile cache",
+          f"{args.compile_backend}, "
+          + ("optimized run twice: an empty compile cache, then warm" if cold else "compile cache as found"),
           flush=True)
 
     with tempfile.TemporaryDirectory(prefix="bench-train-") as temporary:
