@@ -11,7 +11,7 @@ interval AWS's data gives every PyTorch training release (pytorch-training 2.8-2
 + 1 year), with GA from the release's DJL Serving branch or AWS's data commit; such rows say so.
 Training runs on AWS's Amazon Linux 2023 `pytorch` images: the policy page at e0ecedea
 (docs/src/templates/reference/support_policy.template.md) says Ubuntu-based PyTorch 2.8-2.10 images cannot be fully
-patched (no Ubuntu Pro licence) and recommends them; the Ubuntu `pytorch-training` 2.10 image ended patching 2027-01-21.
+patched (no Ubuntu Pro licence) and recommends them; the Ubuntu `pytorch-training` 2.10 image ends patching 2027-01-21.
 
 `PATCH_WINDOW_TODAY=YYYY-MM-DD` makes the check answer as on that day (tests; "what will synth say in March?").
 """

@@ -48,6 +48,12 @@ def train_args(config: TrainingSettings) -> str:
     return " ".join(args)
 
 
+def root_device_name(ami_parameter: str) -> str:
+    """The root volume's device name for the AMI family: Amazon Linux AMIs boot from /dev/xvda, Ubuntu DLAMIs from
+    /dev/sda1. A mapping under another name adds a second volume and leaves the root at the AMI's own size and key."""
+    return "/dev/xvda" if "amazon-linux" in ami_parameter else "/dev/sda1"
+
+
 def render_user_data(values: dict[str, str], script: Path = USER_DATA_SCRIPT) -> str:
     """The readable script under training/ec2, with the run's values exported in front of it."""
     body = script.read_text()
@@ -133,7 +139,7 @@ class TrainingStack(EnvironmentStack):
             detailed_monitoring=True,
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[ec2.BlockDevice(
-                device_name="/dev/sda1",
+                device_name=root_device_name(config.ami_parameter),
                 volume=ec2.BlockDeviceVolume.ebs(config.volume_gib, encrypted=True, kms_key=key,
                                                  volume_type=ec2.EbsDeviceVolumeType.GP3,
                                                  delete_on_termination=True),

@@ -219,3 +219,14 @@ def test_instance_storage_table():
     assert all(has_instance_storage(t) for t in ("p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "g5.xlarge",
                                                  "g6e.12xlarge", "g4dn.xlarge", "m5dn.large"))
     assert not any(has_instance_storage(t) for t in ("p3.16xlarge", "c5n.large", "m5.large", "c6g.large"))
+
+
+def test_the_encrypted_root_volume_is_the_amazon_linux_amis_root_device(synthesized):
+    from stacks.training import root_device_name
+
+    props = _instance(synthesized("prod-training").template("training"))["Properties"]
+    [mapping] = props["BlockDeviceMappings"]
+    assert mapping["DeviceName"] == "/dev/xvda"  # Amazon Linux 2023 AMIs boot from xvda (Ubuntu DLAMIs: sda1)
+    assert mapping["Ebs"]["Encrypted"] is True and mapping["Ebs"]["VolumeSize"] == 200
+    assert root_device_name("/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/"
+                            "ami-id") == "/dev/sda1"
