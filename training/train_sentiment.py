@@ -471,11 +471,12 @@ def train(args) -> dict:
         callbacks=[timer] if timer else None,
     )
     result = trainer.train(resume_from_checkpoint=resume)
-    compiled = step_path.compile_record() if speed.torch_compile else None
     validation = _without_prefix(trainer.evaluate(encoded["validation"], metric_key_prefix="validation"), "validation")
     test = None
     if "test" in encoded:
         test = _without_prefix(trainer.evaluate(encoded["test"], metric_key_prefix="test"), "test")
+    # After the final evaluations too: they run the uncompiled model and must add no graphs.
+    compiled = step_path.compile_record() if speed.torch_compile else None
 
     trainer.save_model(str(output_dir))  # every rank calls it; only the main process writes
     if trainer.is_world_process_zero():
