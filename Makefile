@@ -134,7 +134,7 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
 
 # make bench-train ARGS="--only plain,optimized+buckets"; HELP=1 (or ARGS=--help) prints the tool's help. On a GPU it
-# measures RoBERTa-base sized runs (cold and warm compile cache); on a CPU the tiny model, once each, about a minute.
+# measures RoBERTa-base sized runs (cold and warm compile cache); on a CPU the tiny model, once each, about two minutes.
 .PHONY: bench-train
 bench-train: install-dev  ## plain vs optimized through the Trainer (torchrun), samples/s, useful tokens/s, compiles, MFU (HELP=1)
 	$(PY) -m training.bench_train $(if $(HELP),--help,$(ARGS))
