@@ -138,6 +138,12 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 	  --max-length 48 --num-train-epochs 20 --learning-rate 1e-3 --warmup-steps 0.1 --no-torch-compile \
 	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
 
+# make bench-train ARGS="--only plain,optimized+buckets"; HELP=1 (or ARGS=--help) prints the tool's help. On a GPU it
+# measures RoBERTa-base sized runs (cold and warm compile cache); on a CPU the tiny model, once each, about two minutes.
+.PHONY: bench-train
+bench-train: install-dev  ## plain vs optimized through the Trainer (torchrun), samples/s, useful tokens/s, compiles, MFU (HELP=1)
+	$(PY) -m training.bench_train $(if $(HELP),--help,$(ARGS))
+
 # make precision-gate MODEL=<model dir>; RANDOM=roberta-base gates a random-weight RoBERTa-base built on the spot.
 .PHONY: precision-gate
 precision-gate: install-dev  ## the accuracy gate's figures (fp32, bf16, int8 against fp32) for MODEL, or RANDOM=roberta-base

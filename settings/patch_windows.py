@@ -7,8 +7,11 @@ deploys: within `WARN_DAYS` of the date it prints a warning; after the date it r
 aws/deep-learning-containers e0ecedea (2026-08-21): `docs/src/data/<repository>/<version>-....yml` (`ga`, `eop`)
 and `docs/src/legacy/legacy_support.yml`. LMI (DJL Serving) images are not in that table (their `djl-inference`
 files carry no `eop`) and the policy text states no rule for them, so their dates are derived: GA + 1 year, the
-interval AWS's data gives every pytorch-training release we offer (2.8, 2.9, 2.10: `eop` = `ga` + 1 year), with GA
-from the release's DJL Serving branch or AWS's data commit; such rows say so.
+interval AWS's data gives every PyTorch training release (pytorch-training 2.8-2.10 and pytorch 2.11-2.13: `eop` = `ga`
++ 1 year), with GA from the release's DJL Serving branch or AWS's data commit; such rows say so.
+Training runs on AWS's Amazon Linux 2023 `pytorch` images: the policy page at e0ecedea
+(docs/src/templates/reference/support_policy.template.md) says Ubuntu-based PyTorch 2.8-2.10 images cannot be fully
+patched (no Ubuntu Pro licence) and recommends them; the Ubuntu `pytorch-training` 2.10 image ends patching 2027-01-21.
 
 `PATCH_WINDOW_TODAY=YYYY-MM-DD` makes the check answer as on that day (tests; "what will synth say in March?").
 """
@@ -26,10 +29,7 @@ WARN_DAYS = 90
 TODAY_ENV = "PATCH_WINDOW_TODAY"
 _DLC = "aws/deep-learning-containers e0ecedea docs/src"
 _LMI_RULE = ("no vendor end-of-patch date (aws/deep-learning-containers e0ecedea: docs/src/data/djl-inference/*.yml "
-             "carry no eop); derived: GA + 1 year, the interval of the DLC data's pytorch-training rows, GA = ")
-# The policy page's notice at e0ecedea (docs/src/templates/reference/support_policy.template.md).
-_UBUNTU_PRO = ("; the policy's notice: Ubuntu-based PyTorch 2.8-2.10 images cannot be fully patched (no Ubuntu Pro "
-               "licence), AWS recommends the Amazon Linux 2023 PyTorch 2.11+ images")
+             "carry no eop); derived: GA + 1 year, the interval of the DLC data's PyTorch training rows, GA = ")
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,15 @@ def _lmi(tag: str, ga: date, ga_source: str) -> PatchWindow:
 
 def _training(version: str, platform: str, end: date) -> PatchWindow:
     label = {"ec2": "EC2", "sagemaker": "SageMaker"}[platform]
-    return PatchWindow(f"pytorch-training {version} ({label})", end,
-                       f"{_DLC}/data/pytorch-training/{version}-gpu-{platform}.yml eop{_UBUNTU_PRO}")
+    return PatchWindow(f"pytorch {version} Amazon Linux 2023 ({label})", end,
+                       f"{_DLC}/data/pytorch/{version}-cuda-{platform}.yml eop")
 
 
-# Keys: what `deployed_images` names. Training tags are keyed by framework version and platform.
+# Keys: what `deployed_images` names. Training tags are keyed by framework version and platform; the versions are
+# settings.training's EC2_IMAGE_TAGS and SAGEMAKER_IMAGE_TAGS (a test checks both have rows).
 WINDOWS: dict[str, PatchWindow] = {
-    **{f"pytorch-training:{version}-{platform}": _training(version, platform, end)
-       for version, end in (("2.10", date(2027, 1, 21)), ("2.9", date(2026, 10, 15)), ("2.8", date(2026, 8, 6)))
+    **{f"pytorch:{version}-{platform}": _training(version, platform, end)
+       for version, end in (("2.13", date(2027, 7, 20)), ("2.12", date(2027, 7, 2)), ("2.11", date(2027, 4, 30)))
        for platform in ("ec2", "sagemaker")},
     "pytorch-inference-arm64:2.6": PatchWindow(
         "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe)", date(2026, 6, 30),
@@ -118,9 +119,9 @@ def check(images: dict[str, str], *, allow_unpatched: bool, on: date | None = No
 
 
 def _training_key(tag: str, platform: str) -> str:
-    """`2.10.0-gpu-py313-cu130-ubuntu22.04-ec2` -> `pytorch-training:2.10-ec2`."""
+    """`2.13.0-cu133-amzn2023` -> `pytorch:2.13-ec2`; `2.13-cu133-amzn2023-sagemaker` -> `pytorch:2.13-sagemaker`."""
     version = ".".join(tag.split("-")[0].split(".")[:2])
-    return f"pytorch-training:{version}-{platform}"
+    return f"pytorch:{version}-{platform}"
 
 
 def deployed_images(settings) -> dict[str, str]:

@@ -6,14 +6,22 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from settings.fields import Ec2InstanceType, ImageTag, LogRetentionDays, SettingsError, section, setting, text
+from settings.fields import Ec2InstanceType, LogRetentionDays, SettingsError, section, setting, text
 
 RunId = text(r"^[a-z0-9][a-z0-9-]{0,47}$", "lowercase letters, digits and '-', at most 48 characters")
 SsmPublicParameter = text(r"^/aws/service/.+", "a public SSM parameter name under /aws/service/")
 AvailabilityZone = text(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$", "a zone name such as us-west-2a")
 CapacityReservation = text(r"^cr-[0-9a-f]{8,17}$", "a capacity reservation id such as cr-0123456789abcdef0")
-DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-DLC = "2.10.0-gpu-py313-cu130-ubuntu22.04"
+# The Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023): driver, Docker and the NVIDIA container
+# toolkit, to run the Amazon Linux 2023 PyTorch training image below. Resolved by CloudFormation at deploy time.
+DLAMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+# AWS's Amazon Linux 2023 PyTorch training images (repository `pytorch`), as AWS's support data names them
+# (aws/deep-learning-containers e0ecedea docs/src/data/pytorch/2.1x-cuda-{ec2,sagemaker}.yml `tags`); newest first.
+# Each has a patch-window row in settings/patch_windows.py. The SageMaker tags are the ones sagemaker-core's
+# image_uris.retrieve(framework="pytorch-amzn2023", image_scope="training") returns (tests/test_training_images.py).
+EC2_IMAGE_TAGS = ("2.13.0-cu133-amzn2023", "2.12.1-cu130-amzn2023", "2.11.0-cu130-amzn2023")
+SAGEMAKER_IMAGE_TAGS = ("2.13-cu133-amzn2023-sagemaker", "2.12-cu130-amzn2023-sagemaker",
+                        "2.11-cu130-amzn2023-sagemaker")
 
 
 @section
@@ -25,7 +33,7 @@ class TrainingSettings:
     max_hours: int = setting(6, "the run stops itself after this", ge=1, le=72, unit="hours")
     log_retention_days: LogRetentionDays = setting(30, "training log retention", unit="days")
     ami_parameter: SsmPublicParameter = setting(DLAMI, "SSM parameter holding the Deep Learning AMI id")
-    base_image_tag: ImageTag = setting(f"{DLC}-ec2", "pytorch-training DLC tag, EC2 run")
+    base_image_tag: Literal[EC2_IMAGE_TAGS] = setting(EC2_IMAGE_TAGS[0], "pytorch DLC tag (Amazon Linux 2023), EC2 run")
     base_model: str = setting("cardiffnlp/twitter-roberta-base-sep2022", "Hugging Face model to tune")
     epochs: int = setting(10, "training epochs", ge=1, le=100)
     learning_rate: float = setting(1e-5, "peak learning rate", ge=1e-7, le=1e-2)
@@ -41,7 +49,8 @@ class TrainingSettings:
     spot_max_wait_hours: int | None = setting(None, "spot wait incl. runtime; none: 2 x max_hours", ge=1, le=72,
                                               unit="hours")
     min_macro_recall: float = setting(0.6, "registration needs this validation recall", ge=0.0, le=1.0)
-    sagemaker_image_tag: ImageTag = setting(f"{DLC}-sagemaker", "pytorch-training DLC tag, SageMaker backend")
+    sagemaker_image_tag: Literal[SAGEMAKER_IMAGE_TAGS] = setting(SAGEMAKER_IMAGE_TAGS[0],
+                                                                 "pytorch DLC tag (Amazon Linux 2023), SageMaker")
 
     @model_validator(mode="after")
     def _backend_rules(self) -> TrainingSettings:
@@ -54,9 +63,6 @@ class TrainingSettings:
         if self.spot_max_wait_hours is not None and self.spot_max_wait_hours < self.max_hours:
             raise SettingsError("training.spot_max_wait_hours", self.spot_max_wait_hours,
                                 f"at least training.max_hours ({self.max_hours}), or unset")
-        if self.backend == "sagemaker" and not self.sagemaker_image_tag.endswith("-sagemaker"):
-            raise SettingsError("training.sagemaker_image_tag", self.sagemaker_image_tag,
-                                "a pytorch-training tag ending in -sagemaker (the -ec2 images are for EC2)")
         return self
 
     @property

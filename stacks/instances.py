@@ -30,3 +30,4 @@ def has_instance_storage(instance_type: str) -> bool:
     EC2 type or a SageMaker `ml.` one."""
     family = instance_type.removeprefix("ml.").split(".")[0]
     return family in INSTANCE_STORAGE_FAMILIES or bool(re.fullmatch(r"[a-z]+\d+[a-z]*d[n]?", family))
+

@@ -18,7 +18,9 @@ from stacks.instances import has_instance_storage
 from stacks.serving_wheels import WheelTarget
 
 DEFINITION_VERSION = "2020-12-01"
-TRAINING_REPOSITORY = "pytorch-training"
+# AWS's Amazon Linux 2023 PyTorch training images; the tag is the one sagemaker-core's image_uris.retrieve(
+# framework="pytorch-amzn2023", image_scope="training") names (settings.training.SAGEMAKER_IMAGE_TAGS).
+TRAINING_REPOSITORY = "pytorch"
 # Pipeline runs write here; the EC2 runs' models/sentiment/ prefix (and its _SUCCESS trigger) stays theirs.
 RUN_PREFIX = "models/sentiment-sagemaker"
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
@@ -31,9 +33,14 @@ METRIC_DEFINITIONS = [
 ] + [{"Name": "train:loss", "Regex": r"'loss': '?([0-9]*\.[0-9]+)"},
      {"Name": "eval:recall_macro", "Regex": r"'eval_recall_macro': '?([0-9]*\.[0-9]+)"}]
 # ContainerEntrypoint: unpack the training code channel, then run the bootstrap it carries (each entrypoint and
-# argument item may be at most 256 characters). The arguments after it are train_sentiment's flags.
+# argument item may be at most 256 characters). The arguments after it are train_sentiment's flags. It replaces the
+# image's own ENTRYPOINT, so it starts with the image's /usr/local/bin/entrypoint.sh (aws/deep-learning-containers
+# e0ecedea scripts/docker/pytorch/entrypoint.sh, in both the EC2 and the SageMaker stage of
+# docker/pytorch/Dockerfile.cuda): the CUDA forward-compatibility check, then `exec "$@"` of the rest as given.
+# `python` is /opt/venv/bin/python, first on the image's PATH.
+IMAGE_ENTRYPOINT = "/usr/local/bin/entrypoint.sh"
 ENTRYPOINT = [
-    "/bin/bash", "-c",
+    IMAGE_ENTRYPOINT, "/bin/bash", "-c",
     "set -euo pipefail; mkdir -p /opt/ml/code && cd /opt/ml/code && "
     "python -m zipfile -e /opt/ml/input/data/code/*.zip training && "
     "exec bash training/sagemaker_bootstrap.sh \"$@\"",
@@ -113,6 +120,10 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         "CheckpointConfig": {"S3Uri": run_uri(resources, "checkpoints/"), "LocalPath": CHECKPOINT_LOCAL_PATH},
         # Unbuffered, so the metric lines reach the log (and the MetricDefinitions) as they are printed.
         "Environment": {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+                        # NCCL over EFA between instances: the image's aws-ofi-nccl (/opt/amazon/ofi-nccl/lib64,
+                        # on its LD_LIBRARY_PATH) with NCCL from the pip wheel. FI_PROVIDER and RDMA are set per
+                        # instance type by training.sagemaker_entry, as SageMaker's own torchrun driver does.
+                        "NCCL_NET_PLUGIN": "ofi",
                         **({"SERVING_PYTHON": resources.serving_wheels.python,
                             "SERVING_PLATFORMS": resources.serving_wheels.platform_flags()}
                            if resources.serving_wheels else {})},

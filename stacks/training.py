@@ -1,4 +1,5 @@
-"""One paid training run: a GPU instance from the Deep Learning AMI whose user data trains and terminates."""
+"""One paid training run: a GPU instance from the Deep Learning Base AMI (Amazon Linux 2023) whose user data builds
+the training image on AWS's Amazon Linux 2023 PyTorch image, trains and terminates."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from stacks.sentiment import GRAVITON_IMAGES
 from stacks.serving_wheels import wheel_target
 
 USER_DATA_SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
-TRAINING_REPOSITORY = "pytorch-training"
+# AWS's Amazon Linux 2023 PyTorch training images (settings.training.EC2_IMAGE_TAGS).
+TRAINING_REPOSITORY = "pytorch"
 MODEL_PREFIX = "models/sentiment"
 # Code the instance needs, shipped as CDK assets; caches and build output stay behind.
 _ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", "model", "checkpoints", "*.tar.gz"]
@@ -44,6 +46,12 @@ def train_args(config: TrainingSettings) -> str:
     if config.max_eval_samples:
         args += ["--max-eval-samples", str(config.max_eval_samples)]
     return " ".join(args)
+
+
+def root_device_name(ami_parameter: str) -> str:
+    """The root volume's device name for the AMI family: Amazon Linux AMIs boot from /dev/xvda, Ubuntu DLAMIs from
+    /dev/sda1. A mapping under another name adds a second volume and leaves the root at the AMI's own size and key."""
+    return "/dev/xvda" if "amazon-linux" in ami_parameter else "/dev/sda1"
 
 
 def render_user_data(values: dict[str, str], script: Path = USER_DATA_SCRIPT) -> str:
@@ -131,7 +139,7 @@ class TrainingStack(EnvironmentStack):
             detailed_monitoring=True,
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
             block_devices=[ec2.BlockDevice(
-                device_name="/dev/sda1",
+                device_name=root_device_name(config.ami_parameter),
                 volume=ec2.BlockDeviceVolume.ebs(config.volume_gib, encrypted=True, kms_key=key,
                                                  volume_type=ec2.EbsDeviceVolumeType.GP3,
                                                  delete_on_termination=True),

@@ -32,10 +32,10 @@ def test_the_default_images_of_every_workload_are_known():
     settings = load_settings("prod", {"training.enabled": True, "sentiment.enabled": True, "falcon.enabled": True,
                                       "sentiment.model_data_url": MODEL})
     images = deployed_images(settings)
-    assert set(images) == {"pytorch-training:2.10-ec2", BASE, "djl-inference:0.36.0-lmi27"}
+    assert set(images) == {"pytorch:2.13-ec2", BASE, "djl-inference:0.36.0-lmi27"}
     assert images[BASE] == "sentiment.runtime=server"
     sagemaker = load_settings("prod", {"training.backend": "sagemaker"})
-    assert set(deployed_images(sagemaker)) == {"pytorch-training:2.10-sagemaker"}
+    assert set(deployed_images(sagemaker)) == {"pytorch:2.13-sagemaker"}
     dlc = load_settings("prod", {"sentiment.enabled": True, "sentiment.model_data_url": MODEL,
                                  "sentiment.runtime": "dlc"})
     assert deployed_images(dlc) == {"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}

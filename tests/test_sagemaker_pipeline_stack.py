@@ -215,14 +215,22 @@ def test_kms_volume_key_is_set_where_the_instance_has_ebs_storage():
     assert on_demand["StoppingCondition"] == {"MaxRuntimeInSeconds": 6 * 3600}
 
 
-def test_image_is_the_sdks_pytorch_training_repository_for_the_region(definition):
+def test_image_is_what_sagemaker_core_retrieves_for_the_region(definition):
     from sagemaker.core import image_uris
 
     image = definition["Steps"][0]["Arguments"]["AlgorithmSpecification"]["TrainingImage"]
-    expected = image_uris.retrieve("pytorch", "us-west-2", version="2.10.0", py_version="py313",
-                                   instance_type="ml.p4d.24xlarge", image_scope="training")
-    assert image.startswith(expected)  # the SDK lists the short tag; ours names the full -sagemaker variant
-    assert image.endswith("-sagemaker")
+    assert image == image_uris.retrieve(framework="pytorch-amzn2023", region="us-west-2", version="2.13",
+                                        instance_type="ml.p4d.24xlarge", image_scope="training")
+
+
+def test_the_job_starts_through_the_images_entrypoint_with_the_ofi_plugin(definition):
+    """The image's entrypoint.sh first (its CUDA compat check, then exec "$@"); NCCL loads aws-ofi-nccl by name.
+
+    FI_PROVIDER=efa and RDMA come from training.sagemaker_entry per instance type (tests/training/
+    test_sagemaker_entry.py), as SageMaker's own torchrun driver sets them."""
+    algorithm = definition["Steps"][0]["Arguments"]["AlgorithmSpecification"]
+    assert algorithm["ContainerEntrypoint"][:3] == ["/usr/local/bin/entrypoint.sh", "/bin/bash", "-c"]
+    assert definition["Steps"][0]["Arguments"]["Environment"]["NCCL_NET_PLUGIN"] == "ofi"
 
 
 def test_same_trainer_flags_as_the_ec2_backend(definition):
@@ -231,7 +239,7 @@ def test_same_trainer_flags_as_the_ec2_backend(definition):
     algorithm = definition["Steps"][0]["Arguments"]["AlgorithmSpecification"]
     assert " ".join(algorithm["ContainerArguments"]) == train_args(settings_from_context({}).training)
     assert all(len(item) <= 256 for item in algorithm["ContainerEntrypoint"] + algorithm["ContainerArguments"])
-    assert "training/sagemaker_bootstrap.sh" in algorithm["ContainerEntrypoint"][2]
+    assert "training/sagemaker_bootstrap.sh" in algorithm["ContainerEntrypoint"][3]
 
 
 def test_metric_regexes_read_the_trainers_report_lines(definition):

@@ -7,7 +7,7 @@ import re
 import pytest
 from aws_cdk.assertions import Match
 
-SSM_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+SSM_AMI = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
 
 
 def _instance(template) -> dict:
@@ -110,7 +110,7 @@ def test_dlc_registry_and_image_for_the_region(synthesized):
     script = _literal_user_data(synthesized("prod-training").template("training"))
     assert "export DLC_REGISTRY=763104351884.dkr.ecr.us-west-2.amazonaws.com\n" in script
     assert ("export BASE_IMAGE=763104351884.dkr.ecr.us-west-2.amazonaws.com/"
-            "pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04-ec2\n") in script
+            "pytorch:2.13.0-cu133-amzn2023\n") in script
 
 
 def test_a_new_run_id_replaces_the_instance(synthesized):
@@ -128,7 +128,7 @@ def test_instance_role_is_least_privilege(synthesized):
     by_sid = {s["Sid"]: s for s in statements}
     assert set(by_sid) == {"PullTrainingImage", "RegistryLogin", "ReadCode", "WriteRunOutputs", "EncryptRunOutputs",
                            "WriteLogs", "SessionManager"}
-    assert by_sid["PullTrainingImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-training"
+    assert by_sid["PullTrainingImage"]["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch"
     assert by_sid["RegistryLogin"]["Action"] == "ecr:GetAuthorizationToken"
     assert all("*" not in str(r) for r in by_sid["ReadCode"]["Resource"])
     assert by_sid["WriteRunOutputs"]["Action"] == ["s3:AbortMultipartUpload", "s3:PutObject"]
@@ -219,3 +219,14 @@ def test_instance_storage_table():
     assert all(has_instance_storage(t) for t in ("p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "g5.xlarge",
                                                  "g6e.12xlarge", "g4dn.xlarge", "m5dn.large"))
     assert not any(has_instance_storage(t) for t in ("p3.16xlarge", "c5n.large", "m5.large", "c6g.large"))
+
+
+def test_the_encrypted_root_volume_is_the_amazon_linux_amis_root_device(synthesized):
+    from stacks.training import root_device_name
+
+    props = _instance(synthesized("prod-training").template("training"))["Properties"]
+    [mapping] = props["BlockDeviceMappings"]
+    assert mapping["DeviceName"] == "/dev/xvda"  # Amazon Linux 2023 AMIs boot from xvda (Ubuntu DLAMIs: sda1)
+    assert mapping["Ebs"]["Encrypted"] is True and mapping["Ebs"]["VolumeSize"] == 200
+    assert root_device_name("/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/"
+                            "ami-id") == "/dev/sda1"

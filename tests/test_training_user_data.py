@@ -1,4 +1,12 @@
-"""Run the training user data under bash with docker, aws, shutdown and nvidia-smi replaced by recording stubs."""
+"""Run the training user data under bash with docker, aws, shutdown and nvidia-smi replaced by recording stubs.
+
+`docker run` does what the Amazon Linux 2023 PyTorch image does with the command after the image name (aws/
+deep-learning-containers e0ecedea, docker/pytorch/Dockerfile.cuda target `runtime`: ENTRYPOINT
+["/usr/local/bin/entrypoint.sh"]; scripts/docker/pytorch/entrypoint.sh: a CUDA compat check, then `exec "$@"`, no
+`eval`): it execs the arguments as given, with the image's PATH (/opt/venv/bin first) and WORKDIR. The programs
+inside (torchrun, python, pip) are stubs that record their argument vector one word per field, so a command passed as
+one string fails as it would in the image ("no such file").
+"""
 
 from __future__ import annotations
 
@@ -23,21 +31,20 @@ STUBS = {
                   'for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA A100-SXM4-40GB"; done',
     "shutdown": 'echo "shutdown $*" >> "$CALLS"',
     "docker": r'''echo "docker $*" >> "$CALLS"
+[[ "$1" == "run" ]] || { [[ "$1" == "login" ]] && cat > /dev/null; exit 0; }
+shift
 work=""
-prev=""
-for arg in "$@"; do
-  if [[ "$prev" == "-v" ]]; then work="${arg%%:*}"; fi
-  prev="$arg"
+while [[ $# -gt 0 && "$1" != sentiment-training:* ]]; do
+  if [[ "$1" == "-v" ]]; then work="${2%%:*}"; fi
+  if [[ "$1" == "--device" ]]; then echo "device $2" >> "$CALLS"; fi
+  if [[ "$1" == "-e" ]]; then echo "container-env $2" >> "$CALLS"; fi
+  if [[ "$1" =~ ^(-v|--device|-e|--log-driver|--log-opt|--ulimit|--gpus)$ ]]; then shift; fi
+  shift
 done
-case "$*" in
-  login*) cat > /dev/null ;;
-  *torchrun*)
-    mkdir -p "$work/checkpoints/checkpoint-1" "$work/model"
-    echo '{"partial": true}' > "$work/checkpoints/checkpoint-1/trainer_state.json"
-    if [[ "${FAIL_STEP:-}" == "train" ]]; then echo "CUDA out of memory" >&2; exit 3; fi
-    echo '{"validation": {"f1_macro": 0.7}}' > "$work/model/metrics.json" ;;
-  *training.package*) echo "archive" > "$work/model.tar.gz" ;;
-esac''',
+shift  # the image; what follows goes to its ENTRYPOINT as separate arguments
+export WORK_HOST="$work"
+cd "$IMAGE_ROOT/workspace"
+PATH="$IMAGE_ROOT/opt/venv/bin:$PATH" exec "$IMAGE_ROOT/usr/local/bin/entrypoint.sh" "$@"''',
     "aws": r'''echo "aws $*" >> "$CALLS"
 case "$1 $2" in
   "ecr get-login-password") echo "secret-token" ;;
@@ -51,12 +58,26 @@ case "$1 $2" in
 esac''',
 }
 
+# The image's ENTRYPOINT after its CUDA compat check (no compat libraries here): exec its arguments as given.
+IMAGE_ENTRYPOINT = 'exec "$@"'
+# Programs on the image's PATH (/opt/venv/bin); each records "container <name>|<arg>|<arg>..." and fakes its output
+# under the host folder mounted at /opt/ml/work.
+CONTAINER_STUBS = {
+    "torchrun": r'''work="$WORK_HOST"
+mkdir -p "$work/checkpoints/checkpoint-1" "$work/model"
+echo '{"partial": true}' > "$work/checkpoints/checkpoint-1/trainer_state.json"
+if [[ "${FAIL_STEP:-}" == "train" ]]; then echo "CUDA out of memory" >&2; exit 3; fi
+echo '{"validation": {"f1_macro": 0.7}}' > "$work/model/metrics.json"''',
+    "python": r'''if [[ "$*" == *training.package* ]]; then echo "archive" > "$WORK_HOST/model.tar.gz"; fi''',
+    "pip": "true",
+}
+
 VALUES = {
     "RUN_ID": "run-0042",
     "BUCKET": "artifact-bucket",
     "REGION": "us-west-2",
     "DLC_REGISTRY": "763104351884.dkr.ecr.us-west-2.amazonaws.com",
-    "BASE_IMAGE": "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:2.10.0-gpu-py313-cu130-ubuntu22.04",
+    "BASE_IMAGE": "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch:2.13.0-cu133-amzn2023",
     "LOG_GROUP": "training-logs",
     "TRAINING_CODE_URL": "s3://cdk-assets/training.zip",
     "INFERENCE_CODE_URL": "s3://cdk-assets/inference.zip",
@@ -79,10 +100,22 @@ def run_user_data(tmp_path: Path, fail_step: str | None = None, fail_on: str | N
         stub = bin_dir / name
         stub.write_text(f"#!/usr/bin/env bash\nset -eu\n{FAIL_ON}{body}\n")
         stub.chmod(0o755)
+    image = tmp_path / "image"
+    for folder in ("opt/venv/bin", "usr/local/bin", "workspace"):
+        (image / folder).mkdir(parents=True)
+    entrypoint = image / "usr/local/bin/entrypoint.sh"
+    entrypoint.write_text(f"#!/bin/bash\nset -e\n{IMAGE_ENTRYPOINT}\n")
+    entrypoint.chmod(0o755)
+    for name, body in CONTAINER_STUBS.items():
+        stub = image / "opt/venv/bin" / name
+        record = 'line="container $(basename "$0")"; for arg in "$@"; do line+="|$arg"; done; echo "$line" >> "$CALLS"'
+        stub.write_text(f"#!/usr/bin/env bash\nset -eu\n{record}\n{FAIL_ON}{body}\n")
+        stub.chmod(0o755)
     calls = tmp_path / "calls.log"
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "CALLS": str(calls), "UPLOADS": str(uploads), "FIXTURE": str(fixture),
+        "CALLS": str(calls), "UPLOADS": str(uploads), "FIXTURE": str(fixture), "IMAGE_ROOT": str(image),
+        "EFA_DEVICE_DIR": str(tmp_path / "no-efa"),
         "NVME_MOUNT": str(tmp_path / "nvme"), "NVME_WAIT_SECONDS": "0",
         "LOG_FILE": str(tmp_path / "log" / "training-run.log"),
         **VALUES,
@@ -116,7 +149,7 @@ def test_successful_run_trains_packages_uploads_marks_and_shuts_down(tmp_path):
     order = [
         _index(calls, 'shutdown -h +360'),
         _index(calls, "docker login --username AWS --password-stdin 763104351884.dkr.ecr.us-west-2.amazonaws.com"),
-        _index(calls, "docker pull 763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-training:"),
+        _index(calls, "docker pull 763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch:2.13.0-cu133-amzn2023"),
         _index(calls, "docker build --build-arg BASE_IMAGE="),
         _index(calls, "torchrun --nproc_per_node 8 -m training.train_sentiment"),
         _index(calls, "python -m training.package --model-dir /opt/ml/work/model --output /opt/ml/work/model.tar.gz"),
@@ -236,3 +269,42 @@ def test_missing_bucket_still_shuts_down(tmp_path):
     assert not any(uploads.iterdir())
     assert calls[0] == "shutdown -h +360" and calls[-1] == "shutdown -h now"
     assert "no _FAILED marker can be written" in result.stdout
+
+
+def test_the_image_entrypoint_gets_the_commands_as_argument_lists(tmp_path):
+    """Each command reaches the image's `exec "$@"` one word per argument (a single string would not run)."""
+    result, calls, _ = run_user_data(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    train = calls[_index(calls, "container torchrun|")].split("|")
+    assert train[:6] == ["container torchrun", "--nproc_per_node", "8", "-m", "training.train_sentiment",
+                         "--output-dir"]
+    assert "--num-train-epochs" in train and train[train.index("--num-train-epochs") + 1] == "10"
+    assert calls[_index(calls, "container pip|")].startswith("container pip|download|--quiet|--only-binary=:all:")
+    package = calls[_index(calls, "container python|")].split("|")
+    assert package[1:4] == ["-m", "training.package", "--model-dir"]
+
+
+def test_efa_devices_go_to_the_container_when_the_instance_has_them(tmp_path):
+    devices = tmp_path / "infiniband"
+    devices.mkdir()
+    for index in range(4):  # p4d.24xlarge: four EFA devices
+        (devices / f"uverbs{index}").touch()
+    result, calls, _ = run_user_data(tmp_path, EFA_DEVICE_DIR=str(devices))
+    assert result.returncode == 0, result.stdout + result.stderr
+    train_devices = [c for c in calls if c.startswith("device ")]
+    # three docker runs (train, wheelhouse, package), four devices each
+    assert train_devices[:4] == [f"device {devices}/uverbs{index}" for index in range(4)]
+    assert "container-env FI_PROVIDER=efa" in calls and "container-env FI_EFA_USE_DEVICE_RDMA=1" in calls
+    (tmp_path / "plain").mkdir()
+    without, plain_calls, _ = run_user_data(tmp_path / "plain")
+    assert without.returncode == 0
+    assert not any(c.startswith(("device ", "container-env FI_")) for c in plain_calls)
+
+
+def test_a_command_given_as_one_string_does_not_run_in_the_image(tmp_path):
+    """The stub image is strict the way the real one is: `exec "$@"` of one string looks for a program of that name."""
+    run_user_data(tmp_path)
+    entrypoint = tmp_path / "image/usr/local/bin/entrypoint.sh"
+    joined = subprocess.run([str(entrypoint), "torchrun --nproc_per_node 8"], capture_output=True, text=True,
+                            env={"PATH": f"{tmp_path}/image/opt/venv/bin:/usr/bin:/bin", "CALLS": str(tmp_path / "x")})
+    assert joined.returncode == 127 and "torchrun --nproc_per_node 8" in joined.stderr

@@ -58,7 +58,8 @@ def model_config(size: str):
     return RobertaConfig(vocab_size=2000, **dims, **common)
 
 
-def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: int, seed: int) -> Result:
+def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: int, seed: int,
+        backend: str = "inductor") -> Result:
     """Fresh model from `seed`, `warmup` untimed steps (compilation happens there), then `steps` timed."""
     import torch
     from transformers import RobertaForSequenceClassification
@@ -67,7 +68,7 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     model = RobertaForSequenceClassification(config).to(device).train()
     # Fused AdamW updates all parameters in one kernel; the baseline is torch's default implementation.
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True if variant.fused_adamw else None)
-    forward = torch.compile(model) if variant.torch_compile else model
+    forward = torch.compile(model, backend=backend) if variant.torch_compile else model
     # Through the precision API transformers uses; on a CPU the plan never asks for TF32 (sets "ieee").
     hardware.set_tf32(variant.tf32)
 
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-size", choices=("auto", "base", "tiny"), default="auto", help="auto: base on a GPU, tiny on a CPU"
     )
     parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend (aot_eager: Dynamo and AOTAutograd without code generation)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
@@ -197,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(speed.summary())
     optimized = Variant("optimized", speed.bf16, speed.torch_compile, speed.fused_adamw, bool(speed.tf32))
-    common = {"config": config, "batch": batch, "device": device, "steps": args.steps, "warmup": args.warmup}
+    common = {"config": config, "batch": batch, "device": device, "steps": args.steps, "warmup": args.warmup,
+              "backend": args.compile_backend}
     results = [run(Variant("baseline"), **common, seed=args.seed), run(optimized, **common, seed=args.seed)]
 
     print(f"{'run':<10} {'bf16':>5} {'compile':>8} {'fused':>6} {'tf32':>5} {'warm-up s':>10} {'samples/s':>10}")

@@ -8,8 +8,10 @@ from pathlib import Path
 
 REQUIREMENTS = Path(__file__).parent / "requirements.txt"
 MARKER = "# base-image:"
-# Deep Learning Container tags for EC2 training: <torch>-gpu-py<major><minor>-cu<cuda>-<os>-ec2.
-TAG = re.compile(r"^(?P<torch>\d+\.\d+\.\d+)-gpu-py(?P<py>3)(?P<minor>\d+)-cu(?P<cuda>\d+)-(?P<os>ubuntu[\d.]+)-ec2$")
+# AWS's Amazon Linux 2023 PyTorch training tags for EC2: <torch>-cu<cuda>-amzn2023. Their Python is not in the tag:
+# every one of them (2.11-2.13) runs Python 3.12 (docs/src/data/pytorch/2.1x-cuda-ec2.yml `python: py312`).
+TAG = re.compile(r"^(?P<torch>\d+\.\d+\.\d+)-cu(?P<cuda>\d+)-amzn2023$")
+PYTHON = "3.12"
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,6 @@ def base_image(path: Path = REQUIREMENTS) -> BaseImage:
     repository, _, tag = lines[0].partition(":")
     match = TAG.match(tag)
     if not match:
-        raise ValueError(f"{path}: base image tag {tag!r} is not a '<torch>-gpu-py3NN-cuNNN-ubuntuNN.NN-ec2' tag")
+        raise ValueError(f"{path}: base image tag {tag!r} is not a '<torch>-cuNNN-amzn2023' tag")
     cuda = match["cuda"]
-    return BaseImage(repository, tag, match["torch"], f"{match['py']}.{match['minor']}", f"{cuda[:-1]}.{cuda[-1]}")
+    return BaseImage(repository, tag, match["torch"], PYTHON, f"{cuda[:-1]}.{cuda[-1]}")

@@ -162,6 +162,10 @@ def torchrun_command(cluster: Cluster, train_args: list[str], *, model_dir: Path
             args += [flag, str(found)]
     if "--resume-from-checkpoint" not in args and has_checkpoint(checkpoint_dir):
         args += ["--resume-from-checkpoint", "last"]
+    if "--save-strategy" not in args:
+        # A spot interruption or a retried execution resumes from the newest checkpoint (synced to S3): one per
+        # epoch loses at most an epoch, where "best" (train_sentiment's default) could lose several.
+        args += ["--save-strategy", "epoch"]
     return [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(len(cluster.hosts)),

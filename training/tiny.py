@@ -11,6 +11,15 @@ from collections.abc import Iterable
 from training import ID2LABEL, LABEL2ID
 
 TINY_MODEL_NAME = "tiny"
+# RoBERTa-base's dimensions with random weights and the same locally trained tokenizer: the GPU benchmark's model,
+# which needs no download (the benchmark measures speed, not what a pretrained model knows).
+RANDOM_BASE_MODEL_NAME = "random-base"
+LOCAL_MODELS = (TINY_MODEL_NAME, RANDOM_BASE_MODEL_NAME)
+SIZES = {
+    TINY_MODEL_NAME: {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128},
+    RANDOM_BASE_MODEL_NAME: {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+                             "intermediate_size": 3072},
+}
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 
 
@@ -29,17 +38,15 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 2000, model_max_leng
     return RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, model_max_length=model_max_length)
 
 
-def build_model(tokenizer, max_length: int = 512, seed: int = 42):
-    """A randomly initialised 2-layer, 64-wide RoBERTa classifier for the three sentiment classes."""
+def build_model(tokenizer, max_length: int = 512, seed: int = 42, name: str = TINY_MODEL_NAME):
+    """A randomly initialised RoBERTa classifier for the three sentiment classes: 2 layers, 64 wide (tiny), or
+    RoBERTa-base's 12 layers, 768 wide (random-base)."""
     import torch
     from transformers import RobertaConfig, RobertaForSequenceClassification
 
     config = RobertaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
+        **SIZES[name],
         # RoBERTa numbers positions from padding_idx + 1, so two slots more than the longest input.
         max_position_embeddings=max_length + 2,
         type_vocab_size=1,

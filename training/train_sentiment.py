@@ -21,7 +21,7 @@ from pathlib import Path
 
 from training import ID2LABEL, LABEL2ID, LABELS
 from training.data import DataError, DataSource, check_files, load_splits
-from training.tiny import TINY_MODEL_NAME
+from training.tiny import LOCAL_MODELS, TINY_MODEL_NAME
 
 LOG = logging.getLogger("training.train_sentiment")
 PROG = "python -m training.train_sentiment"
@@ -83,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-name-or-path",
         default="cardiffnlp/twitter-roberta-base-sep2022",
         help=f"hub id or local directory; '{TINY_MODEL_NAME}' builds a 2-layer RoBERTa and trains its "
-        "tokenizer on the training text (offline, for CPUs and tests)",
+        "tokenizer on the training text (offline, for CPUs and tests); 'random-base' the same tokenizer with "
+        "RoBERTa-base's dimensions and random weights (offline, for speed measurements on a GPU)",
     )
     model.add_argument("--cache-dir", help="where hub models and data sets are cached (default: HF_HOME)")
 
@@ -103,9 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-length",
         type=_max_length,
         default=128,
-        help="pad and truncate every input to this many tokens (static shapes suit torch.compile); "
+        help="truncate every input to this many tokens (and pad to it with --padding max-length); "
         "tweets fit in 128, the original recipe padded to 512",
     )
+    data.add_argument(
+        "--padding",
+        choices=("buckets", "max-length"),
+        default="buckets",
+        help="buckets: pad each batch to the smallest multiple of --bucket-size (at most --max-length) that holds "
+        "its longest row, so torch.compile sees a few fixed shapes and little padding; max-length: pad every row "
+        "to --max-length (the recipe's static shape)",
+    )
+    data.add_argument("--bucket-size", type=_positive_int, default=32, help="padded lengths are multiples of this")
 
     train = parser.add_argument_group("training")
     train.add_argument("--output-dir", default="model", help="final model, tokenizer and metrics.json")
@@ -122,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-steps", type=float, default=0, help="steps, or a fraction of all steps if < 1")
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--save-total-limit", type=_positive_int, default=2, help="checkpoints kept on disk")
+    train.add_argument(
+        "--save-strategy",
+        choices=("best", "epoch"),
+        default="best",
+        help="best: write a checkpoint (model and optimizer state, about 1.5 GB for RoBERTa-base) only when "
+        "validation macro recall improves, which is all the best model needs; epoch: after every epoch",
+    )
     train.add_argument("--seed", type=int, default=42)
 
     speed = parser.add_argument_group("PyTorch 2 speed-ups (each one is dropped where the hardware lacks it)")
@@ -132,6 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
         "gain nothing from more and slow down badly on a busy machine; torch's choice otherwise)",
     )
     speed.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
+    speed.add_argument(
+        "--torch-compile-backend",
+        default="inductor",
+        help="torch.compile backend: inductor generates fused kernels; eager and aot_eager run Dynamo's capture and "
+        "guards without code generation (tests)",
+    )
+    speed.add_argument(
+        "--step-timing",
+        type=Path,
+        metavar="FILE",
+        help="write step times (device synchronized at each step end), padding and compile counts to FILE as JSON "
+        "(make bench-train reads it)",
+    )
     speed.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     speed.add_argument(
         "--fused-adamw",
@@ -275,11 +305,12 @@ def _resume_path(args, checkpoint_dir: Path) -> str | None:
 
 def _load_model(args, train_texts: list[str]):
     """Tokenizer and classifier: the tiny one built here, or a pretrained one with a new 3-class head."""
-    if args.model_name_or_path == TINY_MODEL_NAME:
+    if args.model_name_or_path in LOCAL_MODELS:
         from training import tiny
 
         tokenizer = tiny.build_tokenizer(train_texts, model_max_length=args.max_length)
-        return tokenizer, tiny.build_model(tokenizer, max_length=args.max_length, seed=args.seed)
+        model = tiny.build_model(tokenizer, max_length=args.max_length, seed=args.seed, name=args.model_name_or_path)
+        return tokenizer, model
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -291,6 +322,9 @@ def _load_model(args, train_texts: list[str]):
             num_labels=len(LABELS),
             id2label=dict(ID2LABEL),
             label2id=dict(LABEL2ID),
+            # Set now, not by the model's first forward: that forward would change the config under torch.compile,
+            # break the guard on `config.problem_type` and compile the whole model a second time.
+            problem_type="single_label_classification",
             # The base LM has no classifier, and a 3-class checkpoint's head is replaced on purpose.
             ignore_mismatched_sizes=True,
             # transformers 5 loads the checkpoint's own dtype by default ("auto"); mixed precision needs float32
@@ -304,13 +338,11 @@ def _load_model(args, train_texts: list[str]):
 
 
 def _encode(tokenizer, split: dict[str, list], max_length: int):
-    """Token ids padded to max_length (static shapes), as a torch-formatted datasets.Dataset."""
+    """Token ids truncated to max_length, unpadded (the collator pads each batch), as a datasets.Dataset."""
     from datasets import Dataset
 
-    encoded = tokenizer(split["text"], padding="max_length", truncation=True, max_length=max_length)
-    return Dataset.from_dict(
-        {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": split["label"]}
-    ).with_format("torch")
+    encoded = tokenizer(split["text"], truncation=True, max_length=max_length)
+    return Dataset.from_dict({"input_ids": encoded["input_ids"], "labels": split["label"]})
 
 
 def _truncated(tokenizer, texts: list[str], max_length: int) -> int:
@@ -337,14 +369,25 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
         warmup_steps=args.warmup_steps,
         weight_decay=args.weight_decay,
         eval_strategy="epoch",
+        # Logging reads the loss from the device (a sync): once an epoch, never per step.
         logging_strategy="epoch",
-        save_strategy="epoch",
+        # "best" writes model and optimizer state only when the metric improves, which load_best_model_at_end needs;
+        # the last such checkpoint is also what --resume-from-checkpoint last resumes from.
+        save_strategy=args.save_strategy,
         save_total_limit=args.save_total_limit,
         load_best_model_at_end=True,
         metric_for_best_model=BEST_METRIC,
         greater_is_better=True,
         # Every parameter gets a gradient; searching for unused ones costs each DDP step a graph walk.
         ddp_find_unused_parameters=False,
+        # The Trainer's per-step isnan/isinf check on the loss is a Python `if` on a device tensor: the host waits
+        # for every step to finish before it can queue the next. A diverging run shows in the epoch's logged loss.
+        logging_nan_inf_filter=False,
+        # Pinned host memory lets the batch copy to the GPU run asynchronously (non_blocking) behind the previous
+        # step instead of blocking the host (pinning is off on the CPU, where there is no copy).
+        dataloader_pin_memory=speed.device == "cuda",
+        accelerator_config={"non_blocking": speed.device == "cuda"},
+        torch_compile_backend=args.torch_compile_backend if speed.torch_compile else None,
         torch_compile=speed.torch_compile,
         bf16=speed.bf16,
         tf32=speed.tf32,
@@ -360,9 +403,9 @@ def train(args) -> dict:
     """Run training and evaluation; return the metrics that rank 0 writes to metrics.json."""
     import torch
     import transformers
-    from transformers import Trainer, default_data_collator
 
     from training import hardware
+    from training import speed as step_path
 
     _check_launch()
     output_dir = Path(args.output_dir)
@@ -410,20 +453,30 @@ def train(args) -> dict:
         args.max_length,
     )
 
-    trainer = Trainer(
+    lengths = (step_path.bucket_lengths(args.max_length, args.bucket_size) if args.padding == "buckets"
+               else [args.max_length])
+    if speed.torch_compile:
+        step_path.configure_dynamo(len(lengths))
+    train_collator = step_path.BucketCollator(tokenizer.pad_token_id, lengths)
+    # The timer synchronizes the device at every step end: only a benchmark run (--step-timing) pays for that.
+    timer = step_path.make_step_timer(speed.device) if args.step_timing else None
+    trainer = step_path.recipe_trainer(train_collator)(
         model=model,
         args=training_args,
         train_dataset=encoded["train"],
         eval_dataset=encoded["validation"],
         processing_class=tokenizer,
-        data_collator=default_data_collator,
+        data_collator=step_path.BucketCollator(tokenizer.pad_token_id, lengths),
         compute_metrics=compute_metrics,
+        callbacks=[timer] if timer else None,
     )
     result = trainer.train(resume_from_checkpoint=resume)
     validation = _without_prefix(trainer.evaluate(encoded["validation"], metric_key_prefix="validation"), "validation")
     test = None
     if "test" in encoded:
         test = _without_prefix(trainer.evaluate(encoded["test"], metric_key_prefix="test"), "test")
+    # After the final evaluations too: they run the uncompiled model and must add no graphs.
+    compiled = step_path.compile_record() if speed.torch_compile else None
 
     trainer.save_model(str(output_dir))  # every rank calls it; only the main process writes
     if trainer.is_world_process_zero():
@@ -432,6 +485,21 @@ def train(args) -> dict:
 
     state = trainer.state
     accelerator = hardware.report(speed.device)
+    if args.step_timing and trainer.is_world_process_zero():
+        step_path.write_timing(args.step_timing, timer, train_collator, args.per_device_train_batch_size, {
+            "compile": compiled,
+            "padding": args.padding,
+            "lengths": lengths,
+            "validation": validation,
+            "device": speed.device,
+            "gpu": accelerator["gpu"],
+            "cpu_threads": torch.get_num_threads(),
+            "world_size": training_args.world_size,
+            "parameters": model.num_parameters(),
+            "config": {key: getattr(model.config, key) for key in
+                       ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")},
+            "precision": {"bf16": speed.bf16, "torch_compile": speed.torch_compile, "fused_adamw": speed.fused_adamw},
+        })
     return {
         "train_runtime": result.metrics.get("train_runtime"),
         "train_samples_per_second": result.metrics.get("train_samples_per_second"),
@@ -445,8 +513,12 @@ def train(args) -> dict:
         "test": test,
         "examples": {name: len(split["label"]) for name, split in splits.items()},
         "truncated_train_texts": truncated,
+        "padding": {"strategy": args.padding, "lengths": lengths, "training_shapes": sorted(train_collator.shapes),
+                    "useful_token_share": round(train_collator.useful_tokens / max(train_collator.padded_tokens, 1),
+                                                4)},
+        "compile": compiled,
         "labels": {str(index): name for index, name in ID2LABEL.items()},
-        "settings": vars(args),
+        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
         "effective": {
             "device": speed.device,
             "world_size": training_args.world_size,

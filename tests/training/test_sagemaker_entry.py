@@ -192,7 +192,8 @@ def test_command_adds_channels_and_resume_and_spans_all_gpus(tmp_path):
     assert "--nnodes 2 --node_rank 1 --nproc_per_node 8 --master_addr algo-1 --master_port 29500" in text
     assert f"--train-file {data / 'train' / 'part.jsonl'}" in text
     assert "--validation-file" not in text  # no such channel: the trainer falls back to the hub data set
-    assert text.endswith("--resume-from-checkpoint last") and "--max-steps 9" in text
+    assert "--resume-from-checkpoint last" in text and "--max-steps 9" in text
+    assert text.endswith("--save-strategy epoch")  # resumable after a spot interruption: a checkpoint per epoch
 
 
 def test_an_ambiguous_channel_is_refused(tmp_path):

@@ -86,10 +86,11 @@ def test_resume_from_last_checkpoint_continues(tmp_path):
     from training import train_sentiment
 
     output = tmp_path / "model"
-    assert train_sentiment.main(sample_args(output, "--no-bf16", "--max-steps", "4")) == 0
+    assert train_sentiment.main(sample_args(output, "--no-bf16", "--max-steps", "4", "--save-strategy", "epoch")) == 0
     first = json.loads((output / "metrics.json").read_text())
     assert first["global_steps"] == 4
-    resumed = sample_args(output, "--no-bf16", "--max-steps", "6", "--resume-from-checkpoint", "last")
+    resumed = sample_args(output, "--no-bf16", "--max-steps", "6", "--resume-from-checkpoint", "last",
+                          "--save-strategy", "epoch")
     assert train_sentiment.main(resumed) == 0
     second = json.loads((output / "metrics.json").read_text())
     assert second["global_steps"] == 6

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One training run on a GPU instance from the Deep Learning AMI, as EC2 user data.
+# One training run on a GPU instance from the Deep Learning Base OSS Nvidia Driver GPU AMI (Amazon Linux 2023),
+# as EC2 user data.
 #
 # The CDK training stack prepends `export NAME=value` lines for the settings below and runs this script
 # once at first boot. It logs in to the Deep Learning Containers registry, builds the training image from
-# the code asset, trains with torchrun on every GPU, packages model.tar.gz, uploads it with metrics and
+# the code asset on AWS's Amazon Linux 2023 PyTorch image, trains with torchrun on every GPU, packages model.tar.gz, uploads it with metrics and
 # logs to s3://$BUCKET/models/sentiment/$RUN_ID/, writes _SUCCESS (or _FAILED naming the failing step,
 # after uploading logs and checkpoints), and always ends with a shutdown, which terminates the instance.
 set -euo pipefail
@@ -119,6 +120,8 @@ step "fetch code"
 mkdir -p "${WORK}/code"
 aws s3 cp --only-show-errors "$TRAINING_CODE_URL" "${WORK}/training.zip"
 aws s3 cp --only-show-errors "$INFERENCE_CODE_URL" "${WORK}/inference.zip"
+# Amazon Linux 2023 installs packages with dnf (no apt-get); the DLAMI normally has unzip already.
+command -v unzip >/dev/null || dnf install -y -q unzip
 unzip -q -o "${WORK}/training.zip" -d "${WORK}/code/training"
 unzip -q -o "${WORK}/inference.zip" -d "${WORK}/code/inference"
 
@@ -128,8 +131,20 @@ docker build --build-arg "BASE_IMAGE=${BASE_IMAGE}" -t "$IMAGE" -f "${WORK}/code
 DOCKER_RUN=(docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864
   -v "${WORK}:/opt/ml/work"
   --log-driver awslogs --log-opt "awslogs-region=${REGION}" --log-opt "awslogs-group=${LOG_GROUP}")
+# EFA (p4d has four): when the instance has EFA devices, hand them to the container and point libfabric at them;
+# the image's aws-ofi-nccl plugin (NCCL_NET_PLUGIN=ofi in training/Dockerfile) then carries NCCL's traffic. An
+# instance without EFA interfaces has none, and NCCL uses NVLink/NVSwitch inside the one instance.
+EFA_DEVICE_DIR="${EFA_DEVICE_DIR:-/dev/infiniband}"
+EFA_DEVICES=("$EFA_DEVICE_DIR"/uverbs*)
+if [[ -e "${EFA_DEVICES[0]}" ]]; then
+  for device in "${EFA_DEVICES[@]}"; do DOCKER_RUN+=(--device "$device"); done
+  DOCKER_RUN+=(-e FI_PROVIDER=efa -e FI_EFA_USE_DEVICE_RDMA=1)
+  log "EFA devices: ${EFA_DEVICES[*]}"
+fi
 
 step "train"
+# The image's ENTRYPOINT (/usr/local/bin/entrypoint.sh) ends with `exec "$@"`: the command after the image name goes
+# to it as separate arguments, one word each, never as one string.
 # shellcheck disable=SC2086  # TRAIN_ARGS is a list of flags rendered by the stack
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/train" "$IMAGE" \
   torchrun --nproc_per_node "$GPUS" -m training.train_sentiment \

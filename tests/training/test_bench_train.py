@@ -1,0 +1,110 @@
+"""The Trainer step path's pieces (training/speed.py) and `make bench-train` (training/bench_train.py), on the CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from training import bench_train, speed
+
+
+def test_bucket_lengths_are_a_few_multiples_up_to_max_length():
+    assert speed.bucket_lengths(128, 32) == [32, 64, 96, 128]
+    assert speed.bucket_lengths(100, 32) == [32, 64, 96, 100]
+    assert [speed.bucket_for(n, [32, 64, 96, 128]) for n in (1, 32, 33, 127, 128)] == [32, 32, 64, 128, 128]
+
+
+def test_the_collator_pads_to_the_bucket_and_counts_useful_tokens():
+    collate = speed.BucketCollator(pad_token_id=1, lengths=[8, 16])
+    batch = collate([{"input_ids": [0, 5, 2], "labels": 1}, {"input_ids": list(range(10)), "labels": 2}])
+    assert batch["input_ids"].shape == (2, 16) and batch["attention_mask"].sum() == 13
+    assert batch["input_ids"][0, 3:].eq(1).all() and batch["labels"].tolist() == [1, 2]
+    assert (collate.useful_tokens, collate.padded_tokens, collate.shapes) == (13, 32, {(2, 16)})
+
+
+def test_training_batches_are_whole_and_reshuffled_each_epoch():
+    sampler = speed.TrainingBatches(rows=40, batch_size=16, seed=42)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert len(first) == len(second) == len(sampler) == 32  # two full batches; 8 rows sit out, others next epoch
+    assert len(set(first)) == 32 and first != second and set(first) != set(second)
+    assert len(speed.TrainingBatches(rows=10, batch_size=16, seed=0)) == 10  # fewer rows than a batch: one batch
+
+
+def test_steady_state_leaves_out_warm_up_and_busy_steps():
+    times = [5.0] * 10 + [0.1, 0.1, 9.0, 0.1, 0.2]
+    figures = speed.steady_state(times, busy={13})
+    assert figures == {"steps_measured": 4, "median_step_seconds": pytest.approx(0.1)}
+    assert speed.steady_state([1.0] * 5, busy=set())["steps_measured"] == 0
+
+
+def test_mfu_counts_roberta_base_training_flops_against_the_peak():
+    base = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+    per_token = bench_train.training_flops_per_token(base, 128)
+    assert 6 * 85e6 < per_token < 6 * 87e6 + 12 * 12 * 768 * 128 + 1e6  # about 85 M non-embedding parameters
+    assert bench_train.peak_flops("NVIDIA H200") == bench_train.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert bench_train.peak_flops("NVIDIA A100-SXM4-40GB") == 312e12 and bench_train.peak_flops("Tesla T4") is None
+    timing = {"samples_per_second": 100.0, "padded_tokens_per_row": 128.0, "padded_tokens_per_second": 12800.0,
+              "useful_tokens_per_second": 3200.0, "config": base}
+    executed, useful = bench_train.mfu(timing, 312e12)
+    assert executed == pytest.approx(12800 * per_token / 312e12) and useful == pytest.approx(executed / 4)
+    assert bench_train.mfu({**timing, "samples_per_second": math.nan}, 312e12) == (None, None)
+
+
+def test_length_buckets_leave_predictions_on_the_sample_unchanged(trained):
+    """Padding is masked out (and RoBERTa numbers positions from the real tokens), so a batch padded to its bucket
+    gives the model's answers for max-length padding: same predictions, logits equal to rounding, same accuracy.
+    (Two training runs with different padding differ by their dropout masks' random draws, not by the padding.)"""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from training.data import load_splits, sample_source
+
+    assert trained.exit_code == 0
+    model = AutoModelForSequenceClassification.from_pretrained(trained.output_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(trained.output_dir)
+    validation = load_splits(sample_source())["validation"]
+    rows = [{"input_ids": ids, "labels": label} for ids, label in
+            zip(tokenizer(validation["text"], truncation=True, max_length=32)["input_ids"], validation["label"],
+                strict=True)]
+    logits = {}
+    for name, lengths in (("max-length", [32]), ("buckets", speed.bucket_lengths(32, 8))):
+        collate = speed.BucketCollator(tokenizer.pad_token_id, lengths)
+        with torch.no_grad():
+            batches = [collate(rows[i:i + 16]) for i in range(0, len(rows), 16)]
+            logits[name] = torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                                      for b in batches])
+        if name == "buckets":
+            assert collate.padded_tokens < len(rows) * 32  # fewer tokens computed
+    assert torch.allclose(logits["buckets"], logits["max-length"], atol=1e-4)
+    assert logits["buckets"].argmax(-1).tolist() == logits["max-length"].argmax(-1).tolist()
+    accuracy = (logits["buckets"].argmax(-1) == torch.tensor(validation["label"])).float().mean().item()
+    assert accuracy == pytest.approx(trained.metrics["validation"]["accuracy"], abs=1e-6)
+
+
+@pytest.mark.slow
+def test_bench_train_runs_plain_and_optimized_through_torchrun(tmp_path, capsys):
+    """A reduced `make bench-train`: one copy of the sample, two variants, Dynamo's eager backend, no bare loop."""
+    out = tmp_path / "bench.json"
+    code = bench_train.main(["--repeat", "1", "--only", "plain,optimized+buckets", "--no-bare-loop",
+                             "--compile-backend", "eager", "--max-length", "32", "--bucket-size", "8",
+                             "--work-dir", str(tmp_path / "work"), "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    figures = json.loads(out.read_text())
+    plain, buckets = figures["results"]["plain"], figures["results"]["optimized+buckets"]
+    assert plain["steps"] == buckets["steps"] == 2 * (266 // 16)  # two epochs of whole batches
+    assert plain["steps_measured"] > 0 and buckets["compile"]["unique_graphs"] == len(buckets["training_shapes"])
+    assert plain["compile"] is None and plain["lengths"] == [32]
+    assert buckets["padded_tokens_per_row"] < plain["padded_tokens_per_row"]
+    assert "MFU: against nothing on a CPU" in printed
+    rows = [line.split()[0] for line in printed.splitlines() if line.startswith(("plain ", "optimized+buckets "))]
+    assert rows == ["plain", "optimized+buckets"], printed
+
+
+def test_an_unknown_variant_is_one_line_and_exit_status_2(capsys):
+    assert bench_train.main(["--only", "fastest"]) == 2
+    assert "--only fastest: unknown variant(s) fastest" in capsys.readouterr().err
