@@ -144,7 +144,7 @@ def build_app(loaded: models.LoadedModel, batcher: Batcher, *, timeout_s: float 
         finally:
             gone.cancel()
         if answer not in done:
-            batcher.cancel(future)  # still queued: dropped unrun; already running: its answer is discarded
+            batcher.cancel(future, expired=gone not in done)  # queued: dropped unrun; running: answer discarded
             answer.cancel()
             if gone in done:
                 return Response(status_code=499)  # nginx's "client closed request"; nobody reads it

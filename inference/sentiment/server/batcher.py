@@ -210,15 +210,19 @@ class Batcher:
         """`submit` for the event loop: waits for the answer without blocking the loop."""
         return await asyncio.wrap_future(self.submit(item, size, tokens, deadline))
 
-    def cancel(self, future: Future) -> bool:
-        """Take a request out of the queue (its client left or stopped waiting); False if it already started."""
+    def cancel(self, future: Future, *, expired: bool = False) -> bool:
+        """Take a request out of the queue (its client left, or its deadline passed: `expired`); False if it
+        already started."""
         with self._condition:
             for pending in self._queue:
                 if pending.future is future:
                     self._queue.remove(pending)
                     self._queued_texts -= pending.size
                     self._queued_tokens -= pending.tokens
-                    self.stats.cancelled += 1
+                    if expired:
+                        self.stats.expired += 1
+                    else:
+                        self.stats.cancelled += 1
                     future.cancel()
                     return True
         return False
@@ -305,6 +309,7 @@ class Batcher:
         replica.thread.start()
 
     def _serve(self, replica: _Replica) -> None:
+        live: list[_Pending] = []
         try:
             while not replica.retired and (batch := self._take(replica)) is not None:
                 live = [pending for pending in batch if pending.future.set_running_or_notify_cancel()]
@@ -314,8 +319,12 @@ class Batcher:
                         self._process(live, replica.run_batch)
                     finally:
                         replica.busy_since = None
-        except BaseException:  # a bug, not a request's failure (those are answered in _process)
+                live = []
+        except BaseException as error:  # a bug, not a request's failure (those are answered in _process)
             LOG.exception("%s-%d stopped unexpectedly", self.name, replica.index)
+            for pending in live:  # the watchdog replaces the replica; its requests get their error now
+                _settle(pending.future, error=RuntimeError(f"replica {replica.index} failed: "
+                                                           f"{type(error).__name__}: {error}"))
 
     def _process(self, batch: list[_Pending], run_batch: RunBatch) -> None:
         texts = sum(pending.size for pending in batch)
