@@ -47,6 +47,7 @@ class Sample:
     detail: str = ""
     ttft: float | None = None  # time to first token of a streamed answer
     itl: list[float] = field(default_factory=list)  # gaps between its consecutive tokens
+    retries: int = 0  # times it was sent again after a throttled answer (--retries); latency counts them all
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -111,6 +112,7 @@ def summarize(samples: Sequence[Sample], wall_s: float, concurrency: int,
         "streamed_requests": len(ttfts),
         "warmup_requests": len(warmup),
         "warmup_errors": sum(1 for sample in warmup if sample.error is not None),
+        "retries": sum(sample.retries for sample in samples),
     }
 
 
