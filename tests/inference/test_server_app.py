@@ -178,3 +178,37 @@ def test_ping_fails_once_no_replica_can_answer_and_recovers_with_its_replacement
     assert healthy[0] == 200 and recovered[0] == 200
     status, _, body = unhealthy
     assert status == 503 and "replica 0 stuck" in json.loads(body)["error"]
+
+
+def test_the_listener_says_tcp_so_asyncio_turns_nagle_off_on_each_connection():
+    """asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP (base_events `_set_nodelay`); a socket
+    made with proto 0 left Nagle on, and each response's body waited about 40 ms for the client's delayed ACK."""
+    import socket
+
+    from inference.sentiment.server.__main__ import bind
+    from inference.sentiment.server.config import ServerConfig
+
+    listener = bind(ServerConfig(host="127.0.0.1", port=0))
+
+    async def scenario():
+        accepted = asyncio.get_running_loop().create_future()
+
+        class Probe(asyncio.Protocol):
+            def connection_made(self, transport):
+                sock = transport.get_extra_info("socket")
+                accepted.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+                transport.close()
+
+        server = await asyncio.get_running_loop().create_server(Probe, sock=listener)
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", listener.getsockname()[1])
+            nodelay = await asyncio.wait_for(accepted, 5)
+            writer.close()
+            return nodelay
+        finally:
+            server.close()
+
+    try:
+        assert asyncio.run(scenario()) != 0
+    finally:
+        listener.close()

@@ -85,7 +85,10 @@ def bind(config: ServerConfig) -> socket.socket:
     """The listening socket, bound at once (a taken port fails fast) but listening only once uvicorn serves, so
     until the model is loaded connections are refused rather than queued."""
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto says TCP
+    # (asyncio base_events `_set_nodelay`); without it each response's body waits for the client's delayed ACK of
+    # its headers, about 40 ms per request (measured: 56 vs 12 ms for one tiny-model request).
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind((config.host, config.port))
