@@ -165,5 +165,9 @@ def worker_environment(config: ServerConfig) -> dict[str, str]:
         THREADS_ENV: str(config.threads),
         "MKL_NUM_THREADS": str(config.threads),
         "TOKENIZERS_PARALLELISM": "false",
+        # OpenMP's idle threads sleep instead of spinning: the event loop and tokenizer share this process's
+        # CPUs with the replicas. Spinning (libgomp's default while its threads fit the CPUs) starved them: tiny
+        # model, 1 replica x 2 threads on 2 vCPUs, one client: 172 ms per request, 11.9 ms with PASSIVE.
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         **{name: os.environ.get(name, limit) for name, limit in PRIMITIVE_CACHE_LIMITS.items()},
     }
