@@ -45,7 +45,8 @@ class SentimentSettings:
     pytorch_version: Literal[tuple(GRAVITON_IMAGES)] = setting("2.6.0", "PyTorch Graviton inference image")
     min_instances: int = setting(1, "endpoint instances at least", ge=1, le=20)
     max_instances: int = setting(2, "endpoint instances at most (autoscaling)", ge=1, le=20)
-    workers: int = setting(2, "model server workers per instance", ge=1, le=64)
+    workers: int = setting(2, "model server workers per instance (our server: inference threads sharing the model)",
+                           ge=1, le=64)
     max_batch: int = setting(64, "texts per request at most", ge=1, le=1024)
     invocations_per_instance: int = setting(600, "autoscaling target per instance", ge=1, le=100000, unit="per minute")
     latency_alarm_ms: int = setting(1000, "model latency alarm threshold", ge=1, le=60000, unit="ms")
@@ -55,8 +56,17 @@ class SentimentSettings:
     quantize: Literal["none", "int8"] = setting("none", "runtime=dlc: int8 Linear layers at load (check accuracy)")
     runtime: Literal["server", "dlc"] = setting("server", "our arm64 image and server, or the retired TorchServe DLC")
     max_batch_size: int = setting(32, "our server: texts gathered into one forward pass", ge=1, le=1024)
+    max_batch_tokens: int = setting(2048, "our server: tokens gathered into one forward pass", ge=16, le=1_000_000,
+                                    unit="tokens")
     max_batch_wait_ms: int = setting(5, "our server: longest wait for a batch to fill", ge=0, le=1000, unit="ms")
-    max_queue: int = setting(256, "our server: texts waiting per worker before 503", ge=1, le=100000)
+    max_queue: int = setting(256, "our server: texts waiting in its one queue before 429", ge=1, le=100000,
+                             unit="texts")
+    max_queue_tokens: int = setting(16384, "our server: tokens waiting in its one queue before 429", ge=16,
+                                    le=10_000_000, unit="tokens")
+    request_timeout_ms: int = setting(20_000, "our server: a request's deadline, then 504 (below drain_seconds)",
+                                      ge=100, le=23_000, unit="ms")
+    drain_seconds: int = setting(22, "our server: longest wait for accepted requests after SIGTERM (SIGKILL at 30 s)",
+                                 ge=1, le=24, unit="s")
     precision: Literal["fp32", "bf16", "int8"] | None = setting(None, "override the archive's gated precision "
                                                                 "(bf16 needs c7g or c8g)")
     image_scan_on_push: bool = setting(True, "ECR scan on push for the CDK asset repositories (one per registry)")
@@ -74,6 +84,13 @@ class SentimentSettings:
         if self.max_queue < self.max_batch:
             raise SettingsError("sentiment.max_queue", self.max_queue,
                                 f"at least sentiment.max_batch ({self.max_batch}): a full request must fit")
+        if self.max_queue_tokens < self.max_batch_tokens:
+            raise SettingsError("sentiment.max_queue_tokens", self.max_queue_tokens,
+                                f"at least sentiment.max_batch_tokens ({self.max_batch_tokens})")
+        if self.request_timeout_ms >= self.drain_seconds * 1000:
+            raise SettingsError("sentiment.request_timeout_ms", self.request_timeout_ms,
+                                f"below sentiment.drain_seconds ({self.drain_seconds} s = {self.drain_seconds * 1000} "
+                                "ms), so the drain answers every accepted request")
         if self.enabled and not self.model_data_url:
             raise SettingsError("sentiment.model_data_url", self.model_data_url,
                                 "an s3://.../model.tar.gz URI when sentiment.enabled is true")

@@ -78,7 +78,9 @@ def server_environment(config: SentimentSettings) -> dict[str, str]:
     return inference_container.server_environment(
         vcpus=vcpus(config.instance_type), workers=config.workers, max_batch=config.max_batch,
         max_batch_size=config.max_batch_size, max_batch_wait_ms=config.max_batch_wait_ms,
-        max_queue=config.max_queue, precision=config.precision)
+        max_queue=config.max_queue, precision=config.precision, max_batch_tokens=config.max_batch_tokens,
+        max_queue_tokens=config.max_queue_tokens, request_timeout_ms=config.request_timeout_ms,
+        drain_seconds=config.drain_seconds)
 
 
 def graviton_image_uri(region: str, pytorch_version: str) -> str:

@@ -262,6 +262,9 @@ def test_our_server_gets_workers_threads_batching_and_no_toolkit_settings(synthe
     assert env["SAGEMAKER_MODEL_SERVER_WORKERS"] == "2" and env["OMP_NUM_THREADS"] == "7"
     assert (env["MAX_BATCH"], env["SENTIMENT_MAX_BATCH_SIZE"], env["SENTIMENT_MAX_BATCH_WAIT_MS"],
             env["SENTIMENT_MAX_QUEUE"]) == ("64", "32", "5", "256")
+    # Token budgets, deadline and drain (issue 32): the server's own defaults, passed explicitly.
+    assert (env["SENTIMENT_MAX_BATCH_TOKENS"], env["SENTIMENT_MAX_QUEUE_TOKENS"], env["SENTIMENT_REQUEST_TIMEOUT_MS"],
+            env["SENTIMENT_DRAIN_SECONDS"]) == ("2048", "16384", "20000", "22")
     assert "SENTIMENT_PRECISION" not in env  # unset: the archive's recorded precision
     assert not any(key.startswith(("TS_", "SAGEMAKER_PROGRAM", "SAGEMAKER_SUBMIT")) for key in env)
     assert model["EnableNetworkIsolation"] is True  # the image installs nothing at start-up
@@ -282,6 +285,11 @@ def test_server_settings_reach_the_environment():
     ({"sentiment.max_batch_wait_ms": "5000"}, r"sentiment\.max_batch_wait_ms"),
     ({"sentiment.max_queue": "32"}, r"sentiment\.max_queue=32: expected at least sentiment\.max_batch \(64\)"),
     ({"sentiment.quantize": "int8"}, r"sentiment\.quantize='int8': expected none with sentiment\.runtime=server"),
+    ({"sentiment.drain_seconds": "30"}, r"sentiment\.drain_seconds"),
+    ({"sentiment.request_timeout_ms": "15000", "sentiment.drain_seconds": "10"},
+     r"sentiment\.request_timeout_ms=15000: expected below sentiment\.drain_seconds \(10 s = 10000 ms\)"),
+    ({"sentiment.max_queue_tokens": "1000"},
+     r"sentiment\.max_queue_tokens=1000: expected at least sentiment\.max_batch_tokens \(2048\)"),
 ])
 def test_bad_server_settings_are_refused_with_one_line(overrides, message):
     with pytest.raises(SettingsError, match=message):

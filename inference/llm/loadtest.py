@@ -18,7 +18,12 @@ for with `"details": true` where `--lmi-version` and `--batching` say the contai
 The report names the method of every answer per step and says when the figure is a lower bound. Streamed lines
 are never counted as tokens: vLLM merges several tokens into one line when the reader falls behind, exactly when
 the endpoint is busy.
-Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other).
+Errors never stop the run: they are counted by kind (throttled, 4xx, 5xx, timeout, connection, other). Through
+SageMaker the kind comes from the container's own status: InvokeEndpoint relays any container 4xx/5xx as ModelError
+(HTTP 424) with OriginalStatusCode, so a container's 429 counts as throttled. `--retries N` sends a throttled
+request again (after the body's `retry_after_s`, our sentiment server's hint, or 1, 2, 4 ... s), as a client would;
+the default, 0, shows throttling as it happens. Retries are counted per step, and a retried request's latency
+includes its waits.
 
     python -m inference.llm.loadtest --url http://127.0.0.1:8080/invocations --kind sentiment --concurrency 1,2,4
     python -m inference.llm.loadtest --endpoint falcon-rolling --shape 32x128 --concurrency 1,4,16,32 \\
@@ -111,6 +116,7 @@ class Outcome:
     detail: str = ""
     # With streaming: (seconds since sending, bytes) per network read, so the workload can time each token.
     chunks: list[tuple[float, bytes]] | None = None
+    retry_after_s: float | None = None  # the server's hint with a throttled answer (our sentiment server's 429)
 
 
 class Target(Protocol):
@@ -139,6 +145,16 @@ def status_kind(status: int) -> str | None:
     if 500 <= status < 600:
         return "5xx"
     return "other"
+
+
+def retry_hint(body: bytes | str | None) -> float | None:
+    """`retry_after_s` from an error body's first JSON line (our sentiment server's 429), if any."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body or "")
+    try:
+        value = json.loads((text.strip().splitlines() or ["{}"])[0]).get("retry_after_s")
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -233,7 +249,8 @@ class HttpTarget:
                            f"answered after {latency:.1f} s, over the {self.timeout} s limit")
         kind = status_kind(response.status)
         detail = "" if kind is None else _one_line(f"HTTP {response.status}: {error_body_message(data)}")
-        return Outcome(latency, response.status, data, ttfb, kind, detail, chunks)
+        hint = retry_hint(data) if kind == "throttled" else None
+        return Outcome(latency, response.status, data, ttfb, kind, detail, chunks, hint)
 
     def close(self) -> None:
         """Close every client's connection; called between steps so each step starts from fresh connections."""
@@ -345,7 +362,9 @@ class SageMakerTarget:
             return Outcome(time.perf_counter() - started, error=error.kind, detail=_one_line(str(error)))
         except ClientError as error:
             kind, detail = classify_client_error(error)
-            return Outcome(time.perf_counter() - started, error=kind, detail=detail)
+            hint = retry_hint((getattr(error, "response", {}) or {}).get("OriginalMessage")) \
+                if kind == "throttled" else None
+            return Outcome(time.perf_counter() - started, error=kind, detail=detail, retry_after_s=hint)
         except (ReadTimeoutError, ConnectTimeoutError) as error:
             return Outcome(time.perf_counter() - started, error="timeout", detail=_one_line(str(error)))
         except (EndpointConnectionError, ConnectionClosedError) as error:
@@ -509,11 +528,20 @@ class _Record:
     answer: TokenStream | None = None
 
 
-def _request(target: Target, workload: Workload, payload: Payload) -> _Record:
+RETRY_BACKOFF_S, RETRY_BACKOFF_CAP_S = 1.0, 20.0
+
+
+def _request(target: Target, workload: Workload, payload: Payload, retries: int = 0) -> _Record:
     started = time.perf_counter()
     try:
         outcome = target.invoke(payload.body)
-        sample = Sample(outcome.latency, outcome.error, outcome.ttfb, 0, outcome.detail)
+        attempt = 0
+        while outcome.error == "throttled" and attempt < retries:
+            time.sleep(min(max(outcome.retry_after_s or 0.0, RETRY_BACKOFF_S * 2 ** attempt), RETRY_BACKOFF_CAP_S))
+            attempt += 1
+            outcome = target.invoke(payload.body)
+        latency = outcome.latency if not attempt else time.perf_counter() - started
+        sample = Sample(latency, outcome.error, outcome.ttfb, 0, outcome.detail, retries=attempt)
         if outcome.error is not None:
             return _Record(sample, [])
         texts, answer = workload.read(payload, outcome.chunks or [(outcome.latency, outcome.body)], sample)
@@ -527,7 +555,7 @@ def _request(target: Target, workload: Workload, payload: Payload) -> _Record:
 
 def run_step(target: Target, workload: Workload, concurrency: int, requests: int | None = None,
              duration: float | None = None, warmup: int = 1, progress=None,
-             stop: threading.Event | None = None) -> dict:
+             stop: threading.Event | None = None, retries: int = 0) -> dict:
     """One step: `concurrency` client threads, each warming up, then together sending until the step is done.
 
     Bounded both ways: by `requests` in all, or by `duration` seconds (requests in flight at the deadline
@@ -555,7 +583,8 @@ def run_step(target: Target, workload: Workload, concurrency: int, requests: int
             for i in range(warmup):
                 if stop.is_set():
                     break
-                warmups.append(_request(target, workload, workload.payloads[(index + i) % len(workload.payloads)]))
+                warmups.append(_request(target, workload, workload.payloads[(index + i) % len(workload.payloads)],
+                                        retries))
             barrier.wait()
             while not stop.is_set():
                 with lock:
@@ -565,7 +594,8 @@ def run_step(target: Target, workload: Workload, concurrency: int, requests: int
                         break
                     number = issued
                     issued += 1
-                measured.append(_request(target, workload, workload.payloads[number % len(workload.payloads)]))
+                measured.append(_request(target, workload, workload.payloads[number % len(workload.payloads)],
+                                         retries))
                 if progress is not None:
                     progress.update(1)
         except threading.BrokenBarrierError:
@@ -625,6 +655,7 @@ class RunSettings:
     max_error_rate: float = 0.01
     progress: bool = True
     label: str = ""
+    retries: int = 0  # sends again after a throttled answer
 
 
 def run(target: Target, workload: Workload, settings: RunSettings, token_counter: str,
@@ -653,6 +684,7 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
         "requests_per_step": settings.requests or (None if settings.duration else f"{settings.per_client} per client"),
         "duration_per_step_s": settings.duration,
         "max_error_rate": settings.max_error_rate,
+        "retries": settings.retries,
         "started_at": _now(),
         "finished_at": None,
         "interrupted": False,
@@ -664,7 +696,7 @@ def run(target: Target, workload: Workload, settings: RunSettings, token_counter
             bar = _progress_bar(requests, concurrency, settings.progress)
             try:
                 step = run_step(target, workload, concurrency, requests, settings.duration, settings.warmup, bar,
-                                stop)
+                                stop, settings.retries)
             finally:
                 if bar is not None:
                     bar.close()
@@ -758,6 +790,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write report.json, report.csv and report.png (compare.png with --compare)")
     parser.add_argument("--label", help="name of this run in tables and pictures (default: target and shape)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--retries", type=non_negative_int, default=0, metavar="N",
+                        help="send a throttled request (429, or SageMaker's ModelError with OriginalStatusCode 429, "
+                             "or ThrottlingException) again up to N times, after the server's retry_after_s or "
+                             "1, 2, 4 ... s; 0 shows throttling as it happens")
     return parser
 
 
@@ -871,6 +907,7 @@ def _main(argv: list[str] | None, target: Target | None) -> int:
         max_error_rate=args.max_error_rate,
         progress=not args.no_progress,
         label=args.label or _default_label(target),
+        retries=args.retries,
     )
     try:
         report = run(target, workload, settings, counter.name)

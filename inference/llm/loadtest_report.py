@@ -52,6 +52,7 @@ class Sample:
     ttft: float | None = None  # time to first token of a streamed answer
     itl: list[float] = field(default_factory=list)  # gaps between its consecutive tokens
     method: str | None = None  # how `output` was counted (llm): details, usage, tokenizer, ids or words
+    retries: int = 0  # times it was sent again after a throttled answer (--retries); latency counts them all
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -117,6 +118,7 @@ def summarize(samples: Sequence[Sample], wall_s: float, concurrency: int,
         "token_methods": _count_methods(ok),
         "warmup_requests": len(warmup),
         "warmup_errors": sum(1 for sample in warmup if sample.error is not None),
+        "retries": sum(sample.retries for sample in samples),
     }
 
 

@@ -23,7 +23,7 @@ Methods take turns (`--rounds`; each round starts each server once and times its
 other load on a shared machine falls on every row alike. Figures are printed, never asserted.
 
 `--mode rss` instead sends `--rss-requests` (default 10,000) single-text requests from 8 clients to our server at
-the gate's precision and prints its worker's resident memory every tenth of the way.
+the gate's precision and prints its resident memory every tenth of the way.
 
 Without --model-dir it builds a random-weight classifier from a config (`--preset base`: RoBERTa-base's
 12 x 768, the same model as `accuracy_check --random-model roberta-base`; `tiny`: 2 x 64, for tests) on a
@@ -34,7 +34,7 @@ arguments or model, 130 after Ctrl-C.
 
     python -m inference.sentiment.benchmark_server                     # RoBERTa-base, about 6-10 min on 2 cores
     python -m inference.sentiment.benchmark_server --preset tiny --requests 8 --rounds 1
-    python -m inference.sentiment.benchmark_server --mode rss          # worker RSS over 10,000 requests
+    python -m inference.sentiment.benchmark_server --mode rss          # server RSS over 10,000 requests
 """
 
 from __future__ import annotations
@@ -244,7 +244,8 @@ class Method:
 
     def start(self, archives: dict[str, Path], log: Path, workers: int):
         """A started server (stopped by its `stop()`), with `.port` and `.process`; every row gets `workers`
-        worker processes, with threads from the same formula (inference.sentiment.container.worker_threads)."""
+        workers (TorchServe's processes; our server's model replicas, threads of its one process), with threads
+        from the same formula (inference.sentiment.container.worker_threads)."""
         if self.precision is None:
             from inference.sentiment.local_stack import LocalStack
 
@@ -271,10 +272,11 @@ def wait_for_other_torchserve(timeout: float = TORCHSERVE_WAIT_S, poll: float = 
     # Still running: LocalStack.start refuses with the pid, which ends the benchmark with status 1.
 
 
-def worker_pids(supervisor_pid: int) -> list[int]:
-    """Our server's worker processes: the supervisor's children (Linux /proc)."""
-    children = Path(f"/proc/{supervisor_pid}/task/{supervisor_pid}/children")
-    return [int(pid) for pid in children.read_text().split()] if children.exists() else []
+def server_pids(server_pid: int) -> list[int]:
+    """Our server's processes: since issue 32 the one server process (its model replicas are threads); any
+    children it has are counted too (Linux /proc)."""
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children")
+    return [server_pid, *(int(pid) for pid in children.read_text().split())] if children.exists() else [server_pid]
 
 
 def rss_mib(pid: int) -> float:
@@ -368,11 +370,9 @@ def rss_check(args, archive: Path, precision: str, log: Path) -> None:
     step = max(1, args.rss_requests // 10)
     server = LocalServer(archive, args=("--precision", precision, "--workers", str(args.workers)), log=log).start()
     try:
-        workers = worker_pids(server.process.pid)
-        if not workers:
-            raise RuntimeError(f"server pid {server.process.pid}: no worker processes found")
-        say(f"worker RSS over {args.rss_requests} single-text requests from {RSS_CLIENTS} clients, our server at "
-            f"{precision}, worker pid(s) {', '.join(map(str, workers))}")
+        workers = server_pids(server.process.pid)
+        say(f"server RSS over {args.rss_requests} single-text requests from {RSS_CLIENTS} clients, our server at "
+            f"{precision}, pid(s) {', '.join(map(str, workers))}")
         say(f"{'requests':>9}{'RSS MiB':>10}{'req/s':>9}")
         samples = [sum(rss_mib(pid) for pid in workers)]
         say(f"{0:>9}{samples[0]:>10.1f}")

@@ -59,9 +59,12 @@ def container_environment(*, vcpus: int, workers: int, max_batch: int, region: s
 # Our server (sentiment.runtime=server, inference/sentiment/server): the environment the stack sets on the
 # endpoint and `make serve-local` reads with the same defaults (inference/sentiment/server/config.py).
 def server_environment(*, vcpus: int, workers: int, max_batch: int, max_batch_size: int, max_batch_wait_ms: int,
-                       max_queue: int, precision: str | None = None) -> dict[str, str]:
-    """Workers and threads from the same formula as the TorchServe path (its front end is now the workers' event
-    loops and tokenizers, which also want a share of CPU), batching, the per-request limit, the precision."""
+                       max_queue: int, precision: str | None = None, max_batch_tokens: int | None = None,
+                       max_queue_tokens: int | None = None, request_timeout_ms: int | None = None,
+                       drain_seconds: int | None = None) -> dict[str, str]:
+    """Replicas and threads from the same formula as the TorchServe path (its front end is now the server's event
+    loop and tokenizer, which also want a share of CPU), batching and queue budgets, the per-request limit, the
+    deadline and drain, the precision. Unset optional values leave the server's defaults."""
     environment = {
         "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
         "OMP_NUM_THREADS": str(worker_threads(vcpus, workers)),
@@ -71,6 +74,11 @@ def server_environment(*, vcpus: int, workers: int, max_batch: int, max_batch_si
         "SENTIMENT_MAX_QUEUE": str(max_queue),
         "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
     }
+    optional = {"SENTIMENT_MAX_BATCH_TOKENS": max_batch_tokens, "SENTIMENT_MAX_QUEUE_TOKENS": max_queue_tokens,
+                "SENTIMENT_REQUEST_TIMEOUT_MS": request_timeout_ms, "SENTIMENT_DRAIN_SECONDS": drain_seconds}
+    for name, value in optional.items():
+        if value is not None:
+            environment[name] = str(value)
     if precision:
         environment["SENTIMENT_PRECISION"] = precision
     return environment

@@ -331,17 +331,27 @@ def plan_buckets(lengths: list[int], pass_cost: int = PASS_COST_TOKENS,
 def predict_fn(data, model):
     """Forward passes over planned length-sorted buckets (dynamic padding per bucket), truncation to the model's
     limit."""
-    import torch
-
     if not isinstance(data, Request):
         raise TypeError(f"predict_fn expects the Request from input_fn, got {type(data).__name__}")
-    labels = model.labels
     top_k = data.top_k
-    if top_k is not None and top_k > len(labels):
-        raise ClientError(422, f"\"top_k\" must be between 1 and {len(labels)}, got {_short(top_k)}")
-    encoded = model.tokenizer(data.texts, truncation=True, max_length=model.max_length)
+    if top_k is not None and top_k > len(model.labels):
+        raise ClientError(422, f"\"top_k\" must be between 1 and {len(model.labels)}, got {_short(top_k)}")
+    return predict_encoded(encode(data.texts, model), top_k, model)
+
+
+def encode(texts, model) -> dict:
+    """Token ids (and masks) per text, truncated to the model's limit: what `predict_encoded` takes. A server
+    counts a request's tokens from it before queueing, and concatenates several requests' encodings."""
+    return dict(model.tokenizer(texts, truncation=True, max_length=model.max_length))
+
+
+def predict_encoded(encoded: dict, top_k, model):
+    """predict_fn after tokenizing: forward passes over planned length-sorted buckets of `encoded`."""
+    import torch
+
+    labels = model.labels
     # Sort by length and run buckets of similar length: each bucket pads only to its own longest text.
-    order = sorted(range(len(data.texts)), key=lambda index: len(encoded["input_ids"][index]))
+    order = sorted(range(len(encoded["input_ids"])), key=lambda index: len(encoded["input_ids"][index]))
     logits = [None] * len(order)
     with torch.inference_mode():
         for start, end in plan_buckets([len(encoded["input_ids"][index]) for index in order]):

@@ -215,9 +215,11 @@ def test_the_image_server_serves_the_archives_recorded_precision(model_dir, tmp_
 
 
 def worker_environments(server) -> list[dict[str, str]]:
-    import psutil
-
-    return [child.environ() for child in psutil.Process(server.process.pid).children()]
+    """The variables the server set for torch before importing it (one process: its log line says which; the
+    process's /proc environ shows only what it was started with)."""
+    line = next(line for line in server.lines if "environment for torch: " in line)
+    pairs = line.split("environment for torch: ", 1)[1].split(", ")
+    return [dict(pair.split("=", 1) for pair in pairs)]
 
 
 @needs_image_venv

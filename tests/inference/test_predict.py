@@ -102,3 +102,72 @@ def test_url_client_error_exits_1(server_url, capsys):
 def test_url_unreachable_exits_1(capsys):
     assert predict.main(["--url", "http://127.0.0.1:9", "--timeout", "2", "hello"]) == 1
     assert "error: http://127.0.0.1:9/invocations" in capsys.readouterr().err
+
+
+# --- retrying on the original status (issue 32) -------------------------------------------------------------------
+
+def _model_error(stubber, status: int, body: str) -> None:
+    """What InvokeEndpoint answers when the container answered `status` (botocore's sagemaker-runtime model:
+    ModelError, HTTP 424, OriginalStatusCode, OriginalMessage)."""
+    stubber.add_client_error("invoke_endpoint", service_error_code="ModelError", http_status_code=424,
+                             service_message=f"Received client error ({status}) from primary",
+                             modeled_fields={"OriginalStatusCode": status, "OriginalMessage": body})
+
+
+OVERLOADED = json.dumps({"error": "overloaded: 256 texts already wait", "status": 429, "error_type": "overloaded",
+                         "retry_after_s": 3}) + "\n"
+
+
+def test_endpoint_429_is_retried_after_the_hint_or_the_backoff_then_answers(runtime, capsys):
+    client, stubber = runtime
+    _model_error(stubber, 429, OVERLOADED)
+    _model_error(stubber, 503, '{"error": "stopping", "status": 503}')
+    stubber.add_response("invoke_endpoint", {"Body": _body(b'[{"label": "positive", "score": 0.7}]')})
+    slept = []
+    assert predict.main(["--endpoint", "sentiment", "x"], client, sleep=slept.append) == 0
+    assert slept == [3, 2]  # the body's hint (3 s) over the first backoff (1 s); then the backoff (2 s)
+    captured = capsys.readouterr()
+    assert captured.out == "positive\t0.7000\tx\n" and "answered 429; retrying in 3 s (1 of 3)" in captured.err
+
+
+def test_endpoint_retries_end_and_other_statuses_are_not_retried(runtime, capsys):
+    client, stubber = runtime
+    for _ in range(2):
+        _model_error(stubber, 429, OVERLOADED)
+    slept = []
+    assert predict.main(["--endpoint", "sentiment", "--retries", "1", "x"], client, sleep=slept.append) == 1
+    assert slept == [3] and "ModelError (model answered 429): " in capsys.readouterr().err
+    _model_error(stubber, 500, '{"error": "internal error", "status": 500}')
+    assert predict.main(["--endpoint", "sentiment", "x"], client, sleep=slept.append) == 1
+    assert slept == [3]  # a 500 is not sent again
+
+
+def test_url_429_is_retried(capsys):
+    import http.server
+
+    answers = [(429, OVERLOADED.encode()), (200, b'[{"label": "negative", "score": 0.6}]')]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status, body = answers.pop(0)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        slept = []
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert predict.main(["--url", url, "y"], sleep=slept.append) == 0
+        assert slept == [3] and capsys.readouterr().out == "negative\t0.6000\ty\n"
+    finally:
+        server.shutdown()
+        server.server_close()

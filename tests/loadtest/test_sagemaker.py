@@ -143,3 +143,29 @@ def test_missing_credentials_is_one_line_and_status_3(fake_aws, monkeypatch, cap
     assert loadtest.main(["--endpoint", ENDPOINT, "--requests", "1"]) == 3
     assert capsys.readouterr().err.strip().endswith("no AWS credentials found (environment, profile, SSO or "
                                                     "instance role)")
+
+
+def test_a_containers_429_counts_as_throttled_and_retries_wait_for_its_hint(stubbed, monkeypatch):
+    """Our sentiment server's overload through SageMaker: ModelError with OriginalStatusCode 429 and the body as
+    OriginalMessage (botocore's sagemaker-runtime model). Without --retries it is throttling; with them the
+    request is sent again after the body's retry_after_s."""
+    client, stubber, _ = stubbed
+    overloaded = json.dumps({"error": "overloaded", "status": 429, "error_type": "overloaded", "retry_after_s": 2})
+
+    def throttled():
+        stubber.add_client_error("invoke_endpoint", service_error_code="ModelError", http_status_code=424,
+                                 service_message="Received client error (429) from primary",
+                                 modeled_fields={"OriginalStatusCode": 429, "OriginalMessage": overloaded})
+
+    target = loadtest.SageMakerTarget(ENDPOINT, client=client)
+    workload = loadtest.llm_workload(8, 4, loadtest.WordCounter())
+    throttled()
+    step = loadtest.run_step(target, workload, concurrency=1, requests=1, warmup=0)
+    assert step["errors"]["throttled"] == 1 and step["retries"] == 0
+    slept = []
+    monkeypatch.setattr(loadtest.time, "sleep", slept.append)
+    throttled()
+    throttled()
+    answer(stubber)
+    step = loadtest.run_step(target, workload, concurrency=1, requests=1, warmup=0, retries=2)
+    assert step["ok"] == 1 and step["retries"] == 2 and slept == [2.0, 2.0]  # the hint, then max(hint, 2 s)

@@ -19,6 +19,9 @@ SAGEMAKER_PORT = 8080
 MAX_BATCH_SIZE_ENV = "SENTIMENT_MAX_BATCH_SIZE"
 MAX_BATCH_WAIT_MS_ENV = "SENTIMENT_MAX_BATCH_WAIT_MS"
 MAX_QUEUE_ENV = "SENTIMENT_MAX_QUEUE"
+MAX_BATCH_TOKENS_ENV = "SENTIMENT_MAX_BATCH_TOKENS"
+MAX_QUEUE_TOKENS_ENV = "SENTIMENT_MAX_QUEUE_TOKENS"
+REQUEST_TIMEOUT_MS_ENV = "SENTIMENT_REQUEST_TIMEOUT_MS"
 PRECISION_ENV = "SENTIMENT_PRECISION"
 DRAIN_SECONDS_ENV = "SENTIMENT_DRAIN_SECONDS"
 WORKERS_ENV = "SAGEMAKER_MODEL_SERVER_WORKERS"
@@ -35,7 +38,16 @@ PRIMITIVE_CACHE_LIMITS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "32", "LRU_CACHE_CA
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_MAX_BATCH_WAIT_MS = 5
 DEFAULT_MAX_QUEUE = 256
-DEFAULT_DRAIN_SECONDS = 30
+# Tokens, summed over a batch's texts (each truncated to the model's limit): a tweet is 20-60 tokens, so the
+# batch budget lets about 32-100 tweets share a pass and keeps a pass of long texts from growing 50x.
+DEFAULT_MAX_BATCH_TOKENS = 2048
+DEFAULT_MAX_QUEUE_TOKENS = 16384
+# SageMaker sends SIGKILL 30 s after SIGTERM (hosting docs, "your-algorithms-inference-code"). The drain waits at
+# most DRAIN seconds for accepted requests, and every request's deadline is shorter than the drain, so each
+# accepted request is answered (200, or 504 once its deadline passes) before the server exits, within 25 s.
+DEFAULT_DRAIN_SECONDS = 22
+MAX_DRAIN_SECONDS = 24
+DEFAULT_REQUEST_TIMEOUT_MS = 20_000
 
 
 class ConfigError(ValueError):
@@ -44,7 +56,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """How one server process runs: where the model is, where to listen, how to batch, how many workers."""
+    """How the server runs: where the model is, where to listen, how to batch, how many replicas (`workers`:
+    inference threads in the one server process, SageMaker's SAGEMAKER_MODEL_SERVER_WORKERS) of `threads` each."""
 
     model_dir: Path = SAGEMAKER_MODEL_DIR
     host: str = "0.0.0.0"  # every interface: SageMaker connects to the container's port
@@ -54,10 +67,16 @@ class ServerConfig:
     # Texts gathered from concurrent requests into one forward pass, and how long the first one waits for more.
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     max_batch_wait_ms: int = DEFAULT_MAX_BATCH_WAIT_MS
-    # Texts a worker holds waiting for a forward pass; beyond it a request is answered 503 at once.
+    # Texts and tokens of a forward pass at most (a larger request runs alone).
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    # Texts and tokens waiting in the one queue all replicas share; beyond either, a request is answered 429.
     max_queue: int = DEFAULT_MAX_QUEUE
+    max_queue_tokens: int = DEFAULT_MAX_QUEUE_TOKENS
     precision: str | None = None  # an override of the model's recorded precision
     drain_seconds: int = DEFAULT_DRAIN_SECONDS
+    # A request not started within this is dropped unrun and answered 504; also the bound past which a forward
+    # pass counts as stuck (its replica is replaced and /ping fails when none is left).
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         for name, value, low, high in (
@@ -67,14 +86,28 @@ class ServerConfig:
             (MAX_BATCH_SIZE_ENV, self.max_batch_size, 1, 1024),
             (MAX_BATCH_WAIT_MS_ENV, self.max_batch_wait_ms, 0, 1000),
             (MAX_QUEUE_ENV, self.max_queue, 1, 100_000),
-            (DRAIN_SECONDS_ENV, self.drain_seconds, 1, 3600),
+            (MAX_BATCH_TOKENS_ENV, self.max_batch_tokens, 16, 1_000_000),
+            (MAX_QUEUE_TOKENS_ENV, self.max_queue_tokens, 16, 10_000_000),
+            (DRAIN_SECONDS_ENV, self.drain_seconds, 1, MAX_DRAIN_SECONDS),
+            (REQUEST_TIMEOUT_MS_ENV, self.request_timeout_ms, 100, MAX_DRAIN_SECONDS * 1000 - 1000),
         ):
             if not low <= value <= high:
                 raise ConfigError(f"{name}={value}: must be between {low} and {high}")
+        if self.request_timeout_ms >= self.drain_seconds * 1000:
+            raise ConfigError(f"{REQUEST_TIMEOUT_MS_ENV}={self.request_timeout_ms}: must be below "
+                              f"{DRAIN_SECONDS_ENV} ({self.drain_seconds} s = {self.drain_seconds * 1000} ms), so the "
+                              "drain answers every accepted request")
+        if self.max_queue_tokens < self.max_batch_tokens:
+            raise ConfigError(f"{MAX_QUEUE_TOKENS_ENV}={self.max_queue_tokens}: must be at least "
+                              f"{MAX_BATCH_TOKENS_ENV} ({self.max_batch_tokens})")
 
     @property
     def max_batch_wait_s(self) -> float:
         return self.max_batch_wait_ms / 1000
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.request_timeout_ms / 1000
 
 
 def _usable_cpus() -> int:
@@ -112,6 +145,9 @@ def from_env(env: Mapping[str, str] | None = None, **overrides) -> ServerConfig:
         "max_batch_size": _int(env, MAX_BATCH_SIZE_ENV, DEFAULT_MAX_BATCH_SIZE),
         "max_batch_wait_ms": _int(env, MAX_BATCH_WAIT_MS_ENV, DEFAULT_MAX_BATCH_WAIT_MS),
         "max_queue": _int(env, MAX_QUEUE_ENV, DEFAULT_MAX_QUEUE),
+        "max_batch_tokens": _int(env, MAX_BATCH_TOKENS_ENV, DEFAULT_MAX_BATCH_TOKENS),
+        "max_queue_tokens": _int(env, MAX_QUEUE_TOKENS_ENV, DEFAULT_MAX_QUEUE_TOKENS),
+        "request_timeout_ms": _int(env, REQUEST_TIMEOUT_MS_ENV, DEFAULT_REQUEST_TIMEOUT_MS),
         "precision": env.get(PRECISION_ENV, "").strip().lower() or None,
         "drain_seconds": _int(env, DRAIN_SECONDS_ENV, DEFAULT_DRAIN_SECONDS),
     }
@@ -120,14 +156,18 @@ def from_env(env: Mapping[str, str] | None = None, **overrides) -> ServerConfig:
 
 
 def worker_environment(config: ServerConfig) -> dict[str, str]:
-    """What each worker process gets on top of the supervisor's environment: its thread budget, fixed.
+    """What the server sets in its own environment before it imports torch: the replicas' thread budget.
 
-    Set before the worker imports torch, so OpenMP and oneDNN size their pools from it. Tokenizers' own thread
+    Set before torch loads, so OpenMP and oneDNN size their pools from it. Tokenizers' own thread
     pool is turned off: the texts of a batch are few and short, and its threads would compete with torch's.
     """
     return {
         THREADS_ENV: str(config.threads),
         "MKL_NUM_THREADS": str(config.threads),
         "TOKENIZERS_PARALLELISM": "false",
+        # OpenMP's idle threads sleep instead of spinning: the event loop and tokenizer share this process's
+        # CPUs with the replicas. Spinning (libgomp's default while its threads fit the CPUs) starved them: tiny
+        # model, 1 replica x 2 threads on 2 vCPUs, one client: 172 ms per request, 11.9 ms with PASSIVE.
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         **{name: os.environ.get(name, limit) for name, limit in PRIMITIVE_CACHE_LIMITS.items()},
     }

@@ -1,6 +1,6 @@
 """Start the image's entry point on this machine, from .venv-image (the image's pinned requirements), and stop it.
 
-What `make serve-local` runs, as a context manager for tests and the benchmark: the supervisor in a session of
+What `make serve-local` runs, as a context manager for tests and the benchmark: the server in a session of
 its own, its output collected (and appended to `log`), `start()` returning once it prints that it serves, and
 `stop()` sending the signal SageMaker sends (SIGTERM) and returning the exit status.
 """
@@ -99,7 +99,7 @@ class LocalServer:
             os.kill(self.process.pid, signum)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int | None:
-        """Signal the supervisor, wait for it, and make sure its session is gone; returns its exit status."""
+        """Signal the server, wait for it, and make sure its session is gone; returns its exit status."""
         if self.process is None:
             return None
         self.send_signal(signum)
@@ -108,7 +108,7 @@ class LocalServer:
         except subprocess.TimeoutExpired:
             status = None
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # anything the supervisor failed to stop
+            os.killpg(self.process.pid, signal.SIGKILL)  # anything the server failed to stop
         if status is None:
             status = self.process.wait(10)
         if self._reader is not None:

@@ -9,10 +9,11 @@ Precision comes from `inference.sentiment.precision.choose`: the fastest precisi
 recorded in the model directory and that this CPU runs (bf16 only with bf16 instructions), unless the endpoint
 overrides it (`SENTIMENT_PRECISION`); fp32 for a model without a record. The supervisor logs the choice and why.
 
-The requests of a batch go through the handler's own `predict_fn` as one list of texts (length-sorted buckets,
-dynamic padding, the model's truncation limit), asking for every label's score; each request then gets its
-own slice, shaped as it asked (best label, or the `top_k` best). So a request's answer is what the handler
-gives it alone, up to float rounding from padding to a different length.
+Each request is tokenized once when it arrives (`encode`: its token count is what the queue budgets); the
+requests of a batch then go through the handler's own forward-pass plan (`predict_encoded`: length-sorted
+buckets, dynamic padding, the model's truncation limit) as one list of texts, asking for every label's score;
+each request then gets its own slice, shaped as it asked (best label, or the `top_k` best). So a request's
+answer is what the handler gives it alone, up to float rounding from padding to a different length.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def load(model_dir: Path, *, threads: int, precision_override: str | None = None
     return LoadedModel(sentiment, chosen, time.perf_counter() - started, model_dir)
 
 
+def warm_up(loaded: LoadedModel) -> None:
+    """One small forward pass: a replica's restart checks the shared model still answers."""
+    handler.predict_fn(handler.Request(_WARMUP_TEXTS), loaded.sentiment)
+
+
 def check_top_k(request: handler.Request, loaded: LoadedModel) -> None:
     """The ceiling the labels set on top_k, checked before the request joins a batch (predict_fn's own rule)."""
     count = len(loaded.sentiment.labels)
@@ -77,13 +83,31 @@ def check_top_k(request: handler.Request, loaded: LoadedModel) -> None:
         raise handler.ClientError(422, f"\"top_k\" must be between 1 and {count}, got {request.top_k}")
 
 
-def predict(requests: Sequence[handler.Request], loaded: LoadedModel) -> list[Any]:
-    """One answer per request, in order, from one call of the handler's predict_fn over all their texts."""
+@dataclass(frozen=True)
+class Encoded:
+    """A validated request with its texts already tokenized: its token count is what the queue budgets."""
+
+    request: handler.Request
+    encoding: dict
+    tokens: int
+
+
+def encode(request: handler.Request, loaded: LoadedModel) -> Encoded:
+    """Tokenize a request once, before it is queued (the batch reuses the ids)."""
+    encoding = handler.encode(request.texts, loaded.sentiment)
+    return Encoded(request, encoding, sum(len(ids) for ids in encoding["input_ids"]))
+
+
+def predict(requests: Sequence[Encoded | handler.Request], loaded: LoadedModel) -> list[Any]:
+    """One answer per request, in order, from one forward-pass plan over all their texts (the handler's own
+    `predict_encoded`, asking for every label's score); each request then gets its own slice."""
     labels = loaded.sentiment.labels
-    texts = [text for request in requests for text in request.texts]
-    ranked = handler.predict_fn(handler.Request(texts, top_k=len(labels)), loaded.sentiment)
+    items = [item if isinstance(item, Encoded) else encode(item, loaded) for item in requests]
+    merged = {key: [row for item in items for row in item.encoding[key]] for key in items[0].encoding}
+    ranked = handler.predict_encoded(merged, len(labels), loaded.sentiment)
     answers, start = [], 0
-    for request in requests:
+    for item in items:
+        request = item.request
         rows = ranked[start:start + len(request.texts)]
         start += len(request.texts)
         answers.append([row[0] for row in rows] if request.top_k is None else [row[:request.top_k] for row in rows])
