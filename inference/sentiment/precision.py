@@ -16,8 +16,8 @@ way, only slower, where a CPU lacks the instructions), `speed` only for the kind
 own kind of CPU; otherwise by `DEFAULT_ORDER` (bf16 then fp32 where the CPU has bf16; fp32 where it has not: int8's
 gain is only taken where it was measured on such a CPU).
 - `apply(model, precision)`: the model converted to that precision, with the process's math mode set for it.
-- `process_environment(precision)`: variables a worker must have before it imports torch (the supervisor sets
-  them for its workers).
+- `process_environment(precision)`: variables the server process must have before it imports torch (the server
+  sets them in its own environment first).
 
 The precisions:
 - `fp32`: the model as trained.
@@ -25,7 +25,7 @@ The precisions:
   oneDNN's bf16 fast-math mode for any fp32 matmul left: through torch (`torch.backends.mkldnn.matmul.
   fp32_precision = "bf16"`) and, for the server's workers, `DNNL_DEFAULT_FPMATH_MODE=BF16` as AWS's Graviton
   images set it. oneDNN reads that variable once, when torch loads it (ONEDNN_VERBOSE shows no `attr-fpmath:bf16`
-  when it is set after `import torch`), so the supervisor puts it in the workers' environment before they start.
+  when it is set after `import torch`), so the server puts it in its own environment before it imports torch.
   Per model, not in the image for every model, so a model whose gate kept fp32 really runs fp32.
 - `int8`: dynamic int8 of every Linear layer (int8 weights, activations quantized per batch) through torchao's
   `quantize_` (`Int8DynamicActivationInt8WeightConfig`), the maintained successor of

@@ -7,7 +7,7 @@ dependency, so nothing is imported from the archive or installed at start-up.
 
 Precision comes from `inference.sentiment.precision.choose`: the fastest precision that passed the accuracy gate
 recorded in the model directory and that this CPU runs (bf16 only with bf16 instructions), unless the endpoint
-overrides it (`SENTIMENT_PRECISION`); fp32 for a model without a record. The supervisor logs the choice and why.
+overrides it (`SENTIMENT_PRECISION`); fp32 for a model without a record. The server logs the choice and why.
 
 Each request is tokenized once when it arrives (`encode`: its token count is what the queue budgets); the
 requests of a batch then go through the handler's own forward-pass plan (`predict_encoded`: length-sorted
