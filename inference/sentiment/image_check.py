@@ -24,7 +24,7 @@ PROG = "python -m inference.sentiment.image_check"
 MODULES = ("transformers", "tokenizers", "safetensors", "torchao", "uvicorn", "starlette",
            "inference.sentiment.inference", "inference.sentiment.precision", "inference.sentiment.cpu_features",
            "inference.sentiment.server.config", "inference.sentiment.server.model", "inference.sentiment.server.app",
-           "inference.sentiment.server.worker", "inference.sentiment.server.__main__")
+           "inference.sentiment.server.__main__")
 
 
 def locked_torch(lock: Path) -> str:

@@ -63,7 +63,9 @@ def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_ro
             rate, ratio = float(row[2]), float(row[-1].removesuffix("x"))
             assert ratio == pytest.approx(rate / toolkit_rate, rel=0.02, abs=0.011)  # printed values are rounded
             gflops, share = float(row[6]), float(row[7].removesuffix("%"))
-            assert share == pytest.approx(100 * gflops / roof, abs=0.06 + 100 * 0.05 / roof)
+            # Printed rounding: the share to 0.1, GFLOP/s to 0.1, the roof to 1 (which matters for a small fp32
+            # roof on a CPU without bf16).
+            assert share == pytest.approx(100 * gflops / roof, abs=0.06 + 100 * 0.05 / roof + share * 0.5 / roof)
             assert float(row[5]) >= float(row[4]) > 0  # p99 >= p50
     # The gate ran while training.package built the archive; its figures are printed from the archive's record.
     assert re.search(r"^accuracy gate on \d+ held-out texts", out, re.M)

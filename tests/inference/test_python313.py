@@ -7,7 +7,7 @@ click, idna). This test runs, with that interpreter, the tests of those layers: 
 (test_cpu_precision.py), and imports every server module that loads without torch.
 
 What does not run under 3.13 here: anything that loads the model (torch, transformers, tokenizers), hence the
-worker and supervisor process tests (test_server.py) and the image's own build. PyPI's x86_64 torch 2.13.0 is the
+server process tests (test_server.py) and the image's own build. PyPI's x86_64 torch 2.13.0 is the
 CUDA build (several GB, never pulled), and no CPU build for CPython 3.13 is on this machine's disk; the image
 installs the aarch64 CPU build for 3.13, which the Dockerfile's image_check imports at build time.
 """
@@ -26,9 +26,8 @@ TESTS = ("tests/inference/test_server_app.py", "tests/inference/test_server_batc
          "tests/inference/test_cpu_precision.py")
 # Every server module that imports without torch (model.py and the handler import torch lazily, inside functions).
 MODULES = ("inference.sentiment.server.app", "inference.sentiment.server.batcher", "inference.sentiment.server.config",
-           "inference.sentiment.server.model", "inference.sentiment.server.worker",
-           "inference.sentiment.server.__main__", "inference.sentiment.inference", "inference.sentiment.precision",
-           "inference.sentiment.cpu_features", "inference.sentiment.container")
+           "inference.sentiment.server.model", "inference.sentiment.server.__main__", "inference.sentiment.inference",
+           "inference.sentiment.precision", "inference.sentiment.cpu_features", "inference.sentiment.container")
 
 
 def _python313() -> str | None:
