@@ -1,4 +1,4 @@
-"""Drop three library warnings that a user of a CPU build of torch can do nothing about, and only those.
+"""Drop four library warnings that a user can do nothing about, and only those.
 
 transformers imports torchao whenever it is installed (transformers/quantizers/quantizer_torchao.py, reached from
 modeling_utils through quantizers/auto.py), so every process that loads a model imports it, int8 or not. With the
@@ -10,6 +10,13 @@ CPU torch wheel this project pins (torch==2.13.0+cpu) that import logs:
 - `torchao.kernel.intmm`: "Detected no triton": Triton ships with CUDA builds of torch only.
 - `torch.utils._pytree`: "<enum ...> is an Enum subclass ... register_constant() ... deprecated", for torchao's
   own enums (torchao/utils.py `register_as_pytree_constant`, on `KernelPreference` and `ScaleCalculationMode`).
+
+And one from the Trainer, on any machine:
+
+- `transformers.trainer_utils`: "mtime may not be reliable on this filesystem, falling back to numerical
+  ordering": `sort_checkpoints` (transformers 5.20, trainer_utils.py) says so whenever the checkpoints it rotates
+  were written less than a second apart, which a small model saving its best epoch does on any filesystem. The
+  fallback, ordering by step number, is the right order for our checkpoints.
 
 Each filter matches its one message, the first two only while torch has no CUDA (there a failed kernel load or a
 missing Triton is something to fix), the third only for classes defined in torchao. Every other warning of these
@@ -44,10 +51,15 @@ def _torchao_enum_registration(record: logging.LogRecord) -> bool:
     return getattr(registered, "__module__", "").startswith("torchao.")
 
 
+def _checkpoints_saved_within_a_second(record: logging.LogRecord) -> bool:
+    return record.getMessage().startswith("mtime may not be reliable on this filesystem")
+
+
 UNACTIONABLE = {
     "torchao": _cuda_kernels_that_cannot_load,
     "torchao.kernel.intmm": _no_triton_on_cpu,
     "torch.utils._pytree": _torchao_enum_registration,
+    "transformers.trainer_utils": _checkpoints_saved_within_a_second,
 }
 
 
@@ -61,7 +73,7 @@ class _Drop(logging.Filter):
 
 
 def drop_unactionable_library_warnings() -> None:
-    """Attach the filters (once) to the three loggers; they exist before the libraries create them."""
+    """Attach the filters (once) to the four loggers; they exist before the libraries create them."""
     for name in UNACTIONABLE:
         logger = logging.getLogger(name)
         if not any(isinstance(existing, _Drop) for existing in logger.filters):

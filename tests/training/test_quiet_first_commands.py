@@ -87,6 +87,8 @@ class OtherEnum:
     __module__ = "somebody.else"
 
 
+# transformers 5.20 trainer_utils.sort_checkpoints, when the checkpoints it rotates are less than 1 s apart.
+MTIME = "mtime may not be reliable on this filesystem, falling back to numerical ordering"
 PYTREE = "%s is an Enum subclass and is now natively supported by torch.compile ... register_constant() ..."
 
 
@@ -97,6 +99,8 @@ PYTREE = "%s is an Enum subclass and is now natively supported by torch.compile 
     ("torchao.kernel.intmm", _record("torchao.kernel.intmm", "another warning"), False),
     ("torch.utils._pytree", _record("torch.utils._pytree", PYTREE, TorchaoEnum), True),
     ("torch.utils._pytree", _record("torch.utils._pytree", PYTREE, OtherEnum), False),
+    ("transformers.trainer_utils", _record("transformers.trainer_utils", MTIME), True),
+    ("transformers.trainer_utils", _record("transformers.trainer_utils", "Some other Trainer warning"), False),
 ])
 def test_each_filter_drops_only_its_message(monkeypatch, logger, record, dropped):
     monkeypatch.setattr(library_warnings, "_torch_without_cuda", lambda: True)
