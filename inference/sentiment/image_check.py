@@ -1,9 +1,8 @@
-"""The serving image's build-time check: the build stops unless torch, ONNX Runtime and the server are what the image
-promises.
+"""The serving image's build-time check: the build stops unless torch, ONNX Runtime and the server are as promised.
 
 Run by inference/sentiment/image/Dockerfile after the locked packages are installed (and by the tests in
-.venv-image). Each problem is one line on stderr; exit status 1 when there is any, 0 with a one-line summary
-otherwise. Checked:
+.venv-image). Each problem is one line on stderr; exit status 1 when there is any, 2 for a lock it cannot read, 0
+with a one-line summary otherwise. Checked:
 
 - torch is the CPU build the lock pins (`--torch-lock`): a CUDA build or another version means the wrong wheel;
 - torch was built with oneDNN (`torch.backends.mkldnn`), which bf16 and fast fp32 matmuls on Graviton go through,
