@@ -62,7 +62,7 @@ def test_the_dockerfile_keeps_the_images_rules():
     assert "EXPOSE 8080" in final
 
 
-def test_the_build_installs_only_hashed_wheels_and_fails_on_the_torch_check():
+def test_the_build_installs_only_hashed_wheels_and_fails_on_the_torch_and_onnxruntime_check():
     build = DOCKERFILE.read_text().split("\nFROM ", 2)[1]
     joined = re.sub(r"\\\n\s*", " ", build)  # continuation lines joined: one line per RUN
     installs = [step for step in re.split(r"&&|\n", joined) if "/opt/venv/bin/pip install" in step]
@@ -75,6 +75,7 @@ def test_the_build_installs_only_hashed_wheels_and_fails_on_the_torch_check():
     # The torch/oneDNN check is a RUN step of its own outcome: nothing may swallow its exit status.
     [check] = [line for line in build.splitlines() if "inference.sentiment.image_check" in line]
     assert check.startswith("RUN /opt/venv/bin/python -m inference.sentiment.image_check --torch-lock /tmp/torch.lock")
+    assert "--lock /tmp/requirements.lock" in check  # onnxruntime at the lock's version, or no image (issue 35)
     assert not re.search(r"\|\||; *true|\|\s*true", build)
 
 
