@@ -222,6 +222,7 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
                      f"{buckets['samples_per_second'] / warm['samples_per_second']:.2f}x; useful tokens are "
                      f"{buckets['useful_tokens_per_row'] / buckets['padded_tokens_per_row']:.0%} of computed tokens "
                      f"(were {warm['useful_tokens_per_row'] / warm['padded_tokens_per_row']:.0%})")
+    lines += host_overhead(plain, warm, bare)
     cold = results.get("optimized (cold cache)")
     if cold and cold.get("compile") and warm and warm.get("compile"):
         lines.append(f"compile seconds at {cold['lengths'][-1]} tokens: {cold['compile']['compile_seconds']:.1f} "
@@ -229,6 +230,57 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
     elif warm and warm.get("compile"):
         lines.append(f"compile seconds: {warm['compile']['compile_seconds']:.1f} (compile cache as found; --cold-cache "
                      "measures cold and warm)")
+    return lines
+
+
+def _bare_step_ms(bare: dict | None, index: int) -> float | None:
+    if not bare:
+        return None
+    samples_per_second = bare["results"][index]["samples_per_second"]
+    return bare["settings"]["batch_size"] * 1000 / samples_per_second if samples_per_second else None
+
+
+def host_overhead(plain: dict | None, optimized: dict | None, bare: dict | None) -> list[str]:
+    """Where the Trainer's step time goes beside the bare loop's: the difference of the median steps at the same batch
+    shape (work the Trainer adds per step; with the device synchronized at each step end a host-bound step shows all
+    of it), the host time between steps (the device idles then), and the host time of each piece of the step path."""
+    runs = [(name, timing, _bare_step_ms(bare, index)) for index, (name, timing) in
+            enumerate((("plain", plain), ("optimized", optimized))) if timing]
+    if not runs:
+        return []
+    lines = []
+    if bare:
+        parts = [f"{name} {step_ms - bare_ms:+.2f} ms ({step_ms:.2f} against {bare_ms:.2f})"
+                 for name, step_ms, bare_ms in ((name, timing["median_step_seconds"] * 1000, bare_ms)
+                                                for name, timing, bare_ms in runs) if bare_ms]
+        lines.append("Trainer step minus bare-loop step, same batch shape (per-step work the Trainer adds): "
+                     + ", ".join(parts))
+    between = [f"{name} {timing['median_between_steps_seconds'] * 1000:.2f} ms" for name, timing, _ in runs
+               if timing.get("median_between_steps_seconds") is not None]
+    if between:
+        lines.append("host time between steps (next batch, log/save checks; the device idles): " + ", ".join(between))
+    pieces = list(dict.fromkeys(label for _, timing, _ in runs for label in timing.get("host_pieces") or {}))
+    if not pieces:
+        return lines
+    bare_phases = {"  forward (compute_loss)": "forward", "  backward": "backward", "optimizer.step": "optimizer.step",
+                   "model.zero_grad": "zero_grad"}
+    header = "".join(f" {'Trainer ' + name:>18}" for name, _, _ in runs)
+    optimized_bare = bare["results"][1].get("host_ms") if bare else None
+    lines.append(f"host ms per step, median call x calls per step {'':<8}{header}" +
+                 (f" {'bare optimized':>15}" if optimized_bare else ""))
+    for label in pieces:
+        cells = []
+        for _, timing, _ in runs:
+            piece = (timing.get("host_pieces") or {}).get(label)
+            cells.append(f" {piece['median_ms'] * piece['calls_per_step']:>18.3f}" if piece else f" {'-':>18}")
+        row = f"  {label:<54}" + "".join(cells)
+        if optimized_bare:
+            phase = bare_phases.get(label)
+            row += f" {optimized_bare[phase]:>15.3f}" if phase in optimized_bare else f" {'':>15}"
+        lines.append(row)
+    if optimized_bare:
+        lines.append(f"  {'device wait (bare loop: synchronize at the step end)':<54}" + " " * (19 * len(runs))
+                     + f" {optimized_bare['device wait']:>15.3f}")
     return lines
 
 
