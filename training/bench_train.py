@@ -8,7 +8,10 @@ Every variant is the same program with the same data, seeds and launcher; only t
 Each run's clock is a Trainer callback that synchronizes the device at every step end (training/speed.py). The
 figures are the median step over the steps after the first 10, leaving out those with evaluation or a save, over
 two epochs of at least 300 steps in all; useful tokens are the non-padding ones. Compile counts and seconds come
-from Dynamo's own records. The bare step loop of `training.benchmark` runs last, for comparison.
+from Dynamo's own records. The bare step loop of `training.benchmark` runs last, for comparison (100 timed steps).
+Where the Trainer's step time goes beside the bare loop's: the difference of the two median steps at the same batch
+shape, the host time between steps (the device idles then), and the host time of each piece of the Trainer's step path
+(training/speed.py, HostClock) next to the bare loop's forward, backward and optimizer step.
 
 On a GPU the model has RoBERTa-base's dimensions (random weights, no download); on a CPU it is the tiny model, padded
 to 64 tokens, compiled with the aot_eager backend (Dynamo and AOTAutograd without inductor's C++ builds, which cost
@@ -172,7 +175,7 @@ def bare_loop(args, model_size: str) -> dict | None:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bare.json"
         command = [sys.executable, "-m", "training.benchmark", "--batch-size", str(args.batch_size),
-                   "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "30",
+                   "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "100",
                    "--compile-backend", args.compile_backend, "--json", str(out)]
         print(f"[bare loop] {' '.join(command[1:])}", flush=True)
         completed = subprocess.run(command, capture_output=True, text=True)
