@@ -281,9 +281,11 @@ def host_overhead(plain: dict | None, optimized: dict | None, bare: dict | None)
             phase = bare_phases.get(label)
             row += f" {optimized_bare[phase]:>15.3f}" if phase in optimized_bare else f" {'':>15}"
         lines.append(row)
-    if optimized_bare:
-        lines.append(f"  {'device wait (bare loop: synchronize at the step end)':<54}" + " " * (19 * len(runs))
-                     + f" {optimized_bare['device wait']:>15.3f}")
+    # The wait at the step-end synchronize: near 0 when the host is the bottleneck, the device's backlog otherwise.
+    cells = "".join(f" {timing['median_device_wait_seconds'] * 1000:>18.3f}"
+                    if timing.get("median_device_wait_seconds") is not None else f" {'-':>18}" for _, timing, _ in runs)
+    lines.append(f"  {'device wait (synchronize at the step end)':<54}{cells}"
+                 + (f" {optimized_bare['device wait']:>15.3f}" if optimized_bare else ""))
     return lines
 
 

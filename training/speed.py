@@ -361,6 +361,8 @@ def make_step_timer(device: str):
             # Of those, the seconds before the step began: fetching the next batch, the log/save/evaluate checks.
             # The device idles then (it was synchronized at the last step's end): pure host time.
             self.between: list[float] = []
+            # Of those, the seconds the step-end synchronize waited: the device's work left when the host was done.
+            self.waits: list[float] = []
             self.busy: set[int] = set()  # steps (1-based) whose interval held evaluation or a save
             self._last: float | None = None
             self.epoch_seconds: list[float] = []
@@ -387,8 +389,10 @@ def make_step_timer(device: str):
             self.between.append(time.perf_counter() - self._last)
 
         def on_step_end(self, args, state, control, **kwargs):
+            waiting = time.perf_counter()
             synchronize()
             now = time.perf_counter()
+            self.waits.append(now - waiting)
             self.times.append(now - self._last)
             self._last = now
 
@@ -425,6 +429,7 @@ def write_timing(path: Path, timer, collator: PaddingTally, batch_size: int, ext
     """The figures the benchmark reads back from a run (rank 0 writes them)."""
     figures = steady_state(timer.times, timer.busy)
     between = steady_state(timer.between, timer.busy)["median_step_seconds"]
+    wait = steady_state(timer.waits, timer.busy)["median_step_seconds"]
     median = figures["median_step_seconds"]
     tokens_per_row = collator.useful_tokens / collator.rows if collator.rows else math.nan
     padded_per_row = collator.padded_tokens / collator.rows if collator.rows else math.nan
@@ -441,6 +446,7 @@ def write_timing(path: Path, timer, collator: PaddingTally, batch_size: int, ext
         "padded_tokens_per_second": samples_per_second * padded_per_row,
         "training_shapes": sorted(collator.shapes),
         "median_between_steps_seconds": between,
+        "median_device_wait_seconds": wait,
         "host_pieces": timer.host.summary(len(timer.times)),
         **extra,
     }
