@@ -256,8 +256,8 @@ def host_overhead(plain: dict | None, optimized: dict | None, bare: dict | None)
         parts = [f"{name} {step_ms - bare_ms:+.2f} ms ({step_ms:.2f} against {bare_ms:.2f})"
                  for name, step_ms, bare_ms in ((name, timing["median_step_seconds"] * 1000, bare_ms)
                                                 for name, timing, bare_ms in runs) if bare_ms]
-        lines.append("Trainer step minus bare-loop step, same batch shape (per-step work the Trainer adds): "
-                     + ", ".join(parts))
+        lines.append("Trainer step minus bare-loop step, same batch shape (per-step work the Trainer adds, and the "
+                     "arithmetic on its padded rows: the bare loop's attention mask is all ones): " + ", ".join(parts))
     between = [f"{name} {timing['median_between_steps_seconds'] * 1000:.2f} ms" for name, timing, _ in runs
                if timing.get("median_between_steps_seconds") is not None]
     if between:
@@ -268,24 +268,23 @@ def host_overhead(plain: dict | None, optimized: dict | None, bare: dict | None)
     bare_phases = {"  forward (compute_loss)": "forward", "  backward": "backward", "optimizer.step": "optimizer.step",
                    "model.zero_grad": "zero_grad"}
     header = "".join(f" {'Trainer ' + name:>18}" for name, _, _ in runs)
-    optimized_bare = bare["results"][1].get("host_ms") if bare else None
-    lines.append(f"host ms per step, median call x calls per step {'':<8}{header}" +
-                 (f" {'bare optimized':>15}" if optimized_bare else ""))
+    bare_results = zip(("plain", "optimized"), bare["results"], strict=False) if bare else ()
+    bare_columns = [(name, result["host_ms"]) for name, result in bare_results if result.get("host_ms")]
+    header += "".join(f" {'bare ' + name:>15}" for name, _ in bare_columns)
+    lines.append(f"host ms per step, median call x calls per step {'':<8}{header}")
     for label in pieces:
         cells = []
         for _, timing, _ in runs:
             piece = (timing.get("host_pieces") or {}).get(label)
             cells.append(f" {piece['median_ms'] * piece['calls_per_step']:>18.3f}" if piece else f" {'-':>18}")
-        row = f"  {label:<54}" + "".join(cells)
-        if optimized_bare:
-            phase = bare_phases.get(label)
-            row += f" {optimized_bare[phase]:>15.3f}" if phase in optimized_bare else f" {'':>15}"
-        lines.append(row)
+        phase = bare_phases.get(label)
+        cells += [f" {phases[phase]:>15.3f}" if phase in phases else f" {'':>15}" for _, phases in bare_columns]
+        lines.append(f"  {label:<54}" + "".join(cells))
     # The wait at the step-end synchronize: near 0 when the host is the bottleneck, the device's backlog otherwise.
     cells = "".join(f" {timing['median_device_wait_seconds'] * 1000:>18.3f}"
                     if timing.get("median_device_wait_seconds") is not None else f" {'-':>18}" for _, timing, _ in runs)
-    lines.append(f"  {'device wait (synchronize at the step end)':<54}{cells}"
-                 + (f" {optimized_bare['device wait']:>15.3f}" if optimized_bare else ""))
+    cells += "".join(f" {phases['device wait']:>15.3f}" for _, phases in bare_columns)
+    lines.append(f"  {'device wait (synchronize at the step end)':<54}{cells}")
     return lines
 
 

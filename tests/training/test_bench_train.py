@@ -129,6 +129,7 @@ def test_the_report_shows_the_trainer_step_against_the_bare_loop_step_and_the_ho
     assert rows == {"next batch (data loader, collate, copy to device)": ["1.500", "1.500"],
                     "model.train()": ["0.009", "0.009"]}
     assert lines[-1].split()[-3:] == ["30.100", "30.100", "9.700"]  # the Trainer's and the bare loop's device waits
+    assert lines[2].split()[-2:] == ["bare", "optimized"] and "bare plain" not in lines[2]  # no phases for plain
     assert bench_train.host_overhead(None, None, bare) == []
 
 
