@@ -56,7 +56,9 @@ def run(tmp_path_factory):
     args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("step-path")), per_device_train_batch_size=BATCH,
                              per_device_eval_batch_size=BATCH, num_train_epochs=EPOCHS, eval_strategy="epoch",
                              save_strategy="no", logging_strategy="epoch", use_cpu=True, report_to="none",
-                             disable_tqdm=True, seed=0)
+                             disable_tqdm=True, seed=0,
+                             # As on a GPU (speed.data_workers), with one worker: the collator runs in another process.
+                             dataloader_num_workers=1, dataloader_persistent_workers=True)
     trainer = speed.recipe_trainer(collator)(model=model, args=args, train_dataset=dataset, eval_dataset=dataset,
                                              data_collator=speed.BucketCollator(tokenizer.pad_token_id, [16, 32]),
                                              callbacks=[Watch()])
@@ -86,9 +88,9 @@ def test_train_mode_is_set_only_after_evaluation_and_every_step_trains_in_train_
 def test_training_batches_are_tallied_in_the_trainer_and_the_model_never_sees_the_counts(run):
     trainer, collator, seen, _ = run
     steps = len(seen["steps"])
-    assert trainer.padding.rows == steps * BATCH == collator.rows  # no workers on the CPU: the collator counted too
-    assert trainer.padding.shapes == collator.shapes and trainer.padding.useful_tokens == collator.useful_tokens
-    assert trainer.padding.useful_tokens < trainer.padding.padded_tokens
+    assert trainer.padding.rows == steps * BATCH
+    assert collator.rows == 0  # the worker process collated (and counted there)
+    assert trainer.padding.shapes and trainer.padding.useful_tokens < trainer.padding.padded_tokens
 
 
 def test_counts_cross_a_worker_process_with_the_batch():
@@ -105,18 +107,17 @@ def test_counts_cross_a_worker_process_with_the_batch():
 
 
 def test_data_workers_collate_on_a_gpu_and_not_on_a_cpu(tmp_path):
-    import argparse
-
     from training import hardware, train_sentiment
 
     assert speed.data_workers("cpu") == {"dataloader_num_workers": 0}
     assert speed.data_workers("cuda") == {"dataloader_num_workers": 2, "dataloader_persistent_workers": True,
                                           "dataloader_prefetch_factor": 2}
     args = train_sentiment.build_parser().parse_args(["--no-torch-compile"])
-    cpu = hardware.Plan(device="cpu", bf16=False, torch_compile=False, fused_adamw=False, tf32=None)
-    made = train_sentiment._training_arguments(args, cpu, tmp_path)
-    assert made.dataloader_num_workers == 0 and not made.dataloader_persistent_workers
-    assert isinstance(args, argparse.Namespace)
+    for device, workers in (("cpu", 0), ("cuda", 2)):
+        plan = hardware.Plan(device=device, bf16=False, torch_compile=False, fused_adamw=False, tf32=None)
+        made = train_sentiment._training_arguments(args, plan, tmp_path)
+        assert made.dataloader_num_workers == workers and made.dataloader_persistent_workers == (workers > 0)
+        assert made.dataloader_pin_memory == (device == "cuda")
 
 
 def test_host_clock_times_the_step_path_pieces_and_survives_a_checkpoint(tmp_path):
