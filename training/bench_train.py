@@ -8,7 +8,10 @@ Every variant is the same program with the same data, seeds and launcher; only t
 Each run's clock is a Trainer callback that synchronizes the device at every step end (training/speed.py). The
 figures are the median step over the steps after the first 10, leaving out those with evaluation or a save, over
 two epochs of at least 300 steps in all; useful tokens are the non-padding ones. Compile counts and seconds come
-from Dynamo's own records. The bare step loop of `training.benchmark` runs last, for comparison.
+from Dynamo's own records. The bare step loop of `training.benchmark` runs last, for comparison (100 timed steps).
+Where the Trainer's step time goes beside the bare loop's: the difference of the two median steps at the same batch
+shape, the host time between steps (the device idles then), and the host time of each piece of the Trainer's step path
+(training/speed.py, HostClock) next to the bare loop's forward, backward and optimizer step.
 
 On a GPU the model has RoBERTa-base's dimensions (random weights, no download); on a CPU it is the tiny model, padded
 to 64 tokens, compiled with the aot_eager backend (Dynamo and AOTAutograd without inductor's C++ builds, which cost
@@ -172,7 +175,7 @@ def bare_loop(args, model_size: str) -> dict | None:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "bare.json"
         command = [sys.executable, "-m", "training.benchmark", "--batch-size", str(args.batch_size),
-                   "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "30",
+                   "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "100",
                    "--compile-backend", args.compile_backend, "--json", str(out)]
         print(f"[bare loop] {' '.join(command[1:])}", flush=True)
         completed = subprocess.run(command, capture_output=True, text=True)
@@ -222,6 +225,7 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
                      f"{buckets['samples_per_second'] / warm['samples_per_second']:.2f}x; useful tokens are "
                      f"{buckets['useful_tokens_per_row'] / buckets['padded_tokens_per_row']:.0%} of computed tokens "
                      f"(were {warm['useful_tokens_per_row'] / warm['padded_tokens_per_row']:.0%})")
+    lines += host_overhead(plain, warm, bare)
     cold = results.get("optimized (cold cache)")
     if cold and cold.get("compile") and warm and warm.get("compile"):
         lines.append(f"compile seconds at {cold['lengths'][-1]} tokens: {cold['compile']['compile_seconds']:.1f} "
@@ -229,6 +233,58 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
     elif warm and warm.get("compile"):
         lines.append(f"compile seconds: {warm['compile']['compile_seconds']:.1f} (compile cache as found; --cold-cache "
                      "measures cold and warm)")
+    return lines
+
+
+def _bare_step_ms(bare: dict | None, index: int) -> float | None:
+    if not bare:
+        return None
+    samples_per_second = bare["results"][index]["samples_per_second"]
+    return bare["settings"]["batch_size"] * 1000 / samples_per_second if samples_per_second else None
+
+
+def host_overhead(plain: dict | None, optimized: dict | None, bare: dict | None) -> list[str]:
+    """Where the Trainer's step time goes beside the bare loop's: the difference of the median steps at the same batch
+    shape (work the Trainer adds per step; with the device synchronized at each step end a host-bound step shows all
+    of it), the host time between steps (the device idles then), and the host time of each piece of the step path."""
+    runs = [(name, timing, _bare_step_ms(bare, index)) for index, (name, timing) in
+            enumerate((("plain", plain), ("optimized", optimized))) if timing]
+    if not runs:
+        return []
+    lines = []
+    if bare:
+        parts = [f"{name} {step_ms - bare_ms:+.2f} ms ({step_ms:.2f} against {bare_ms:.2f})"
+                 for name, step_ms, bare_ms in ((name, timing["median_step_seconds"] * 1000, bare_ms)
+                                                for name, timing, bare_ms in runs) if bare_ms]
+        lines.append("Trainer step minus bare-loop step, same batch shape (per-step work the Trainer adds, and the "
+                     "arithmetic on its padded rows: the bare loop's attention mask is all ones): " + ", ".join(parts))
+    between = [f"{name} {timing['median_between_steps_seconds'] * 1000:.2f} ms" for name, timing, _ in runs
+               if timing.get("median_between_steps_seconds") is not None]
+    if between:
+        lines.append("host time between steps (next batch, log/save checks; the device idles): " + ", ".join(between))
+    pieces = list(dict.fromkeys(label for _, timing, _ in runs for label in timing.get("host_pieces") or {}))
+    if not pieces:
+        return lines
+    bare_phases = {"  forward (compute_loss)": "forward", "  backward": "backward", "optimizer.step": "optimizer.step",
+                   "model.zero_grad": "zero_grad"}
+    header = "".join(f" {'Trainer ' + name:>18}" for name, _, _ in runs)
+    bare_results = zip(("plain", "optimized"), bare["results"], strict=False) if bare else ()
+    bare_columns = [(name, result["host_ms"]) for name, result in bare_results if result.get("host_ms")]
+    header += "".join(f" {'bare ' + name:>15}" for name, _ in bare_columns)
+    lines.append(f"host ms per step, median call x calls per step {'':<8}{header}")
+    for label in pieces:
+        cells = []
+        for _, timing, _ in runs:
+            piece = (timing.get("host_pieces") or {}).get(label)
+            cells.append(f" {piece['median_ms'] * piece['calls_per_step']:>18.3f}" if piece else f" {'-':>18}")
+        phase = bare_phases.get(label)
+        cells += [f" {phases[phase]:>15.3f}" if phase in phases else f" {'':>15}" for _, phases in bare_columns]
+        lines.append(f"  {label:<54}" + "".join(cells))
+    # The wait at the step-end synchronize: near 0 when the host is the bottleneck, the device's backlog otherwise.
+    cells = "".join(f" {timing['median_device_wait_seconds'] * 1000:>18.3f}"
+                    if timing.get("median_device_wait_seconds") is not None else f" {'-':>18}" for _, timing, _ in runs)
+    cells += "".join(f" {phases['device wait']:>15.3f}" for _, phases in bare_columns)
+    lines.append(f"  {'device wait (synchronize at the step end)':<54}{cells}")
     return lines
 
 

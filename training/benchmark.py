@@ -33,6 +33,9 @@ class Result:
     seconds: float
     samples_per_second: float
     final_loss: float
+    # Median host milliseconds of each phase of a timed step (no device sync inside a phase: on a GPU, the time to
+    # issue the work); "device wait" is the synchronize at the step end, i.e. what the device had left to do.
+    host_ms: dict[str, float] | None = None
 
 
 @dataclass
@@ -72,12 +75,24 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     # Through the precision API transformers uses; on a CPU the plan never asks for TF32 (sets "ieee").
     hardware.set_tf32(variant.tf32)
 
-    def step() -> torch.Tensor:
+    phases: dict[str, list[float]] = {name: [] for name in ("forward", "backward", "optimizer.step", "zero_grad",
+                                                             "device wait")}
+    clock = time.perf_counter
+
+    def step(record: bool = False) -> torch.Tensor:
+        marks = [clock()]
         with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=variant.bf16):
             loss = forward(**batch).loss
+        marks.append(clock())
         loss.backward()
+        marks.append(clock())
         optimizer.step()
+        marks.append(clock())
         optimizer.zero_grad(set_to_none=True)
+        marks.append(clock())
+        if record:
+            for name, begin, end in zip(phases, marks, marks[1:], strict=False):
+                phases[name].append(end - begin)
         return loss
 
     def sync() -> None:
@@ -91,9 +106,11 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     times = []
     for _ in range(steps):
         begin = time.perf_counter()
-        loss = step()
+        loss = step(record=True)
+        waiting = time.perf_counter()
         sync()
         times.append(time.perf_counter() - begin)
+        phases["device wait"].append(time.perf_counter() - waiting)
     seconds = time.perf_counter() - warmed
     return Result(
         name=variant.name,
@@ -106,6 +123,7 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
         # The median step, not the mean: one stall on a shared machine should not move the figure.
         samples_per_second=batch["input_ids"].shape[0] / statistics.median(times),
         final_loss=float(loss.detach().float()),
+        host_ms={name: round(statistics.median(values) * 1000, 4) for name, values in phases.items()},
     )
 
 

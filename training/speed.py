@@ -17,6 +17,12 @@ what cost that speed on the Trainer's step path; each says why.
 - `StepTimer` (a callback): the benchmark's clock. It synchronizes the device at each step end, so a step's time is
   the device's work, not the launch; it marks steps that evaluated or saved, to be left out.
 - `compile_record`: how often and how long Dynamo compiled, from torch's own records (not from log text).
+- `RecipeTrainer` (from `recipe_trainer`) trims host work the Trainer repeats at every step although nothing it
+  depends on changed: it counts the parameters for `total_flos` once, and calls `model.train()` only when evaluation
+  left the model in eval mode. With the device synchronized at each step end (the benchmark's clock) or with a fast
+  GPU waiting on the host, every millisecond of host work is a millisecond of step time.
+- `HostClock`: host time spent in each piece of the Trainer's step path (no device sync), so the benchmark says where
+  the Trainer's step time goes beside the bare loop's.
 
 The model is loaded with `problem_type` set (train_sentiment._load_model): RoBERTa's classifier otherwise sets
 `config.problem_type` on its first forward, which breaks a Dynamo guard and compiles the model a second time.
@@ -24,10 +30,13 @@ The model is loaded with `problem_type` set (train_sentiment._load_model): RoBER
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import statistics
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +44,9 @@ from pathlib import Path
 DEFAULT_BUCKET = 32
 # Steps at the start that include compilation and warm-up; the benchmark leaves them out.
 WARMUP_STEPS = 10
+# The training collator's record of one batch's padding, carried in the batch from the collator (which runs in a data
+# loader worker process on a GPU) to the training step in the main process, which removes it before the model sees it.
+PADDING_KEY = "padding_counts"
 
 
 def bucket_lengths(max_length: int, bucket: int) -> list[int]:
@@ -53,11 +65,33 @@ def bucket_for(length: int, lengths: list[int]) -> int:
     return lengths[-1]
 
 
+class _PaddingCounts:
+    """Counting shared by the collator and the tally (both have shapes, useful_tokens, padded_tokens, rows)."""
+
+    def add(self, rows: int, width: int, useful: int) -> None:
+        self.shapes.add((rows, width))
+        self.useful_tokens += useful
+        self.padded_tokens += rows * width
+        self.rows += rows
+
+
 @dataclass
-class BucketCollator:
+class PaddingTally(_PaddingCounts):
+    """What the training batches held: their shapes, and useful (non-padding) against padded tokens."""
+
+    shapes: set[tuple[int, int]] = field(default_factory=set)
+    useful_tokens: int = 0
+    padded_tokens: int = 0
+    rows: int = 0
+
+
+@dataclass
+class BucketCollator(_PaddingCounts):
     """Pads a batch of unpadded rows to its bucket length; counts what it padded (on the host, no device sync).
 
-    `lengths=[max_length]` is the recipe's padding to max_length, with the same code path.
+    `lengths=[max_length]` is the recipe's padding to max_length, with the same code path. With `carry_counts` the
+    batch also carries its counts under PADDING_KEY (plain ints), for the RecipeTrainer to tally in the main process:
+    in a data loader worker process the collator's own counts stay in that process.
     """
 
     pad_token_id: int
@@ -66,6 +100,7 @@ class BucketCollator:
     useful_tokens: int = 0
     padded_tokens: int = 0
     rows: int = 0
+    carry_counts: bool = False
 
     def __call__(self, features: list[dict]):
         import torch
@@ -79,11 +114,12 @@ class BucketCollator:
             input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[row, : len(ids)] = 1
         labels = torch.as_tensor([int(feature["labels"]) for feature in features], dtype=torch.long)
-        self.shapes.add((len(features), width))
-        self.useful_tokens += int(attention_mask.sum())
-        self.padded_tokens += input_ids.numel()
-        self.rows += len(features)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        useful = int(attention_mask.sum())
+        self.add(len(features), width, useful)
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        if self.carry_counts:
+            batch[PADDING_KEY] = (len(features), width, useful)
+        return batch
 
 
 class TrainingBatches:
@@ -113,16 +149,47 @@ class TrainingBatches:
         return iter(order.tolist())
 
 
-def recipe_trainer(train_collator: BucketCollator):
-    """A Trainer whose training batches are all full and padded by their own collator (evaluation keeps every row).
+def _no_train_call(module):
+    """The module itself, as `train()` returns it: stands in for a `train()` call that would change nothing."""
+    return lambda mode=True: module
 
-    The training collator is a separate instance so that its record of shapes is the training graph's shapes.
-    Evaluation inside `train()` runs the model uncompiled (the Trainer evaluates `self.model`, not the compiled
-    wrapper), so it adds no graphs; it pads to the same buckets, which keeps its padding small too.
+
+@contextlib.contextmanager
+def _train_call_skipped(model):
+    """For the block, `model.train()` returns at once instead of walking every module (an instance attribute shadows
+    nn.Module.train; whatever the instance held before, such as HostClock's wrapper, comes back afterwards)."""
+    held = vars(model)
+    previous = held.get("train")
+    held["train"] = _no_train_call(model)
+    try:
+        yield
+    finally:
+        if previous is None:
+            del held["train"]
+        else:
+            held["train"] = previous
+
+
+def recipe_trainer(train_collator: BucketCollator):
+    """A Trainer whose training batches are all full and padded by their own collator (evaluation keeps every row),
+    with less host work per step.
+
+    The training collator is a separate instance so that its record of shapes is the training graph's shapes; it
+    carries each batch's counts to `training_step`, which tallies them in `trainer.padding` (the collator may run in a
+    data loader worker process). Evaluation inside `train()` runs the model uncompiled (the Trainer evaluates
+    `self.model`, not the compiled wrapper), so it adds no graphs; it pads to the same buckets, which keeps its padding
+    small too.
     """
     from transformers import Trainer
 
+    train_collator.carry_counts = True
+
     class RecipeTrainer(Trainer):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.padding = PaddingTally()
+            self._flop_parameters: tuple[int, int] | None = None  # (id of the model counted, its count)
+
         def _get_train_sampler(self, train_dataset=None):
             dataset = train_dataset if train_dataset is not None else self.train_dataset
             return TrainingBatches(len(dataset), self.args.per_device_train_batch_size, self.args.seed)
@@ -134,7 +201,47 @@ def recipe_trainer(train_collator: BucketCollator):
             finally:
                 self.data_collator = evaluation_collator
 
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            counts = inputs.pop(PADDING_KEY, None)  # host ints for the tally; the model must not see them
+            if counts is not None:
+                self.padding.add(*counts)
+            # transformers calls `model.train()` at every step: a walk over every module (about 1 ms per step for
+            # RoBERTa-base on the 2-vCPU Zen 2, host time a fast GPU waits for). Only evaluation, which calls
+            # `eval()` on `self.model`, takes the modules out of training mode here, and `eval()` clears the root
+            # module's flag too: while both roots are in training mode the walk changes nothing and is skipped; the
+            # first step after an evaluation still walks. (A module left in the wrong mode would show as a Dynamo
+            # recompile on its `training` guard: tests/training/test_compile.py counts them.)
+            if self.model.training and model.training:
+                with _train_call_skipped(model):
+                    return super().training_step(model, inputs, num_items_in_batch)
+            return super().training_step(model, inputs, num_items_in_batch)
+
+        def floating_point_ops(self, inputs) -> int:
+            # transformers computes `6 x tokens x non-embedding parameters` for `total_flos` at every step, and
+            # counts the parameters each time (`num_parameters(exclude_embeddings=True)` walks every module and
+            # parameter: about 1 ms per step for RoBERTa-base on the Zen 2). The count cannot change while training,
+            # so it is counted once per model; total_flos comes out the same.
+            main_input = getattr(self.model, "main_input_name", "input_ids")
+            if main_input not in inputs or not hasattr(self.model, "num_parameters"):
+                return super().floating_point_ops(inputs)
+            if self._flop_parameters is None or self._flop_parameters[0] != id(self.model):
+                self._flop_parameters = (id(self.model), self.model.num_parameters(exclude_embeddings=True))
+            return 6 * inputs[main_input].numel() * self._flop_parameters[1]
+
     return RecipeTrainer
+
+
+def data_workers(device: str) -> dict:
+    """TrainingArguments for the data loader: on a GPU, two persistent worker processes collate the next batches.
+
+    accelerate's DataLoaderShard fetches the next batch inside the current step, in the main process: reading rows
+    from `datasets`, our collator's padding, pinning. With the device synchronized at each step end (the benchmark's
+    clock), or a GPU faster than the host, that host work adds to every step; workers take it off the step path.
+    On a CPU the workers would take cores from the training arithmetic, so the main process collates there.
+    """
+    if device != "cuda":
+        return {"dataloader_num_workers": 0}
+    return {"dataloader_num_workers": 2, "dataloader_persistent_workers": True, "dataloader_prefetch_factor": 2}
 
 
 def configure_dynamo(shapes: int) -> None:
@@ -176,8 +283,71 @@ def compile_record() -> dict:
     }
 
 
+# Pieces of the Trainer's step path that HostClock times: (where, attribute, label). The Trainer's private methods are
+# named as in transformers 5.20 (trainer.py `_run_epoch`); one that a version lacks is left out, not an error. The lr
+# scheduler is not wrapped: its checkpoint (`state_dict`) is its whole `__dict__`, and a wrapper there cannot be saved.
+HOST_PIECES = (
+    ("trainer", "get_batch_samples", "next batch (data loader, collate, copy to device)"),
+    ("trainer", "training_step", "training_step (all of it)"),
+    ("wrapped", "train", "  model.train()"),
+    ("trainer", "compute_loss", "  forward (compute_loss)"),
+    ("accelerator", "backward", "  backward"),
+    ("trainer", "floating_point_ops", "floating_point_ops (total_flos)"),
+    ("trainer", "_track_num_input_tokens", "_track_num_input_tokens"),
+    ("trainer", "_clip_grad_norm", "gradient clipping (max_grad_norm)"),
+    ("trainer", "_get_grad_norm", "_get_grad_norm"),
+    ("optimizer", "step", "optimizer.step"),
+    ("wrapped", "zero_grad", "model.zero_grad"),
+    ("trainer", "_maybe_log_save_evaluate", "_maybe_log_save_evaluate (no-op steps)"),
+)
+
+
+class HostClock:
+    """Host seconds per call of each piece of the Trainer's step path, while the model trains.
+
+    Each piece is wrapped, on the instance, by a perf_counter pair: no device sync, so on a GPU it is the host's time
+    to issue the work, which is what a host-bound step is made of. Calls made while `trainer.model` is in eval mode
+    (evaluation's forward passes) are not counted.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = defaultdict(list)
+
+    def install(self, trainer) -> None:
+        owners = {"trainer": trainer, "accelerator": trainer.accelerator, "optimizer": trainer.optimizer,
+                  "wrapped": trainer.model_wrapped}
+        for where, attribute, label in HOST_PIECES:
+            owner = owners[where]
+            original = getattr(owner, attribute, None)
+            if owner is None or original is None:
+                continue
+            vars(owner)[attribute] = self._timed(original, label, trainer)
+
+    def _timed(self, original, label: str, trainer):
+        record = self.seconds[label]
+
+        # wraps: keeps the markers others set on the original (the lr scheduler checks one on optimizer.step).
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if trainer.model.training:
+                    record.append(time.perf_counter() - start)
+
+        return timed
+
+    def summary(self, steps: int) -> dict[str, dict[str, float]]:
+        """Per piece: the median call in milliseconds and the calls per step (median: warm-up and stalls drop out)."""
+        return {label: {"median_ms": round(statistics.median(values) * 1000, 4),
+                        "calls_per_step": round(len(values) / max(steps, 1), 3)}
+                for label, values in self.seconds.items() if values}
+
+
 def make_step_timer(device: str):
-    """A TrainerCallback that times each optimizer step from the previous step's end, device synchronized."""
+    """A TrainerCallback that times each optimizer step from the previous step's end, device synchronized; with
+    `attach(trainer)` it also times the pieces of the step path on the host (HostClock)."""
     import torch
     from transformers import TrainerCallback
 
@@ -188,10 +358,20 @@ def make_step_timer(device: str):
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
             self.times: list[float] = []  # seconds from the previous step's end to this one's
+            # Of those, the seconds before the step began: fetching the next batch, the log/save/evaluate checks.
+            # The device idles then (it was synchronized at the last step's end): pure host time.
+            self.between: list[float] = []
+            # Of those, the seconds the step-end synchronize waited: the device's work left when the host was done.
+            self.waits: list[float] = []
             self.busy: set[int] = set()  # steps (1-based) whose interval held evaluation or a save
             self._last: float | None = None
             self.epoch_seconds: list[float] = []
             self._epoch_start: float | None = None
+            self.host = HostClock()
+            self._trainer = None
+
+        def attach(self, trainer) -> None:
+            self._trainer = trainer
 
         def on_epoch_begin(self, args, state, control, **kwargs):
             synchronize()
@@ -200,12 +380,19 @@ def make_step_timer(device: str):
                 self._last = self._epoch_start  # the interval of an epoch's first step starts here
 
         def on_train_begin(self, args, state, control, **kwargs):
+            if self._trainer is not None:
+                self.host.install(self._trainer)  # the optimizer, scheduler and wrapped model exist from here on
             synchronize()
             self._last = time.perf_counter()
 
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.between.append(time.perf_counter() - self._last)
+
         def on_step_end(self, args, state, control, **kwargs):
+            waiting = time.perf_counter()
             synchronize()
             now = time.perf_counter()
+            self.waits.append(now - waiting)
             self.times.append(now - self._last)
             self._last = now
 
@@ -238,9 +425,11 @@ def steady_state(times: list[float], busy: set[int], skip: int = WARMUP_STEPS) -
     return {"steps_measured": len(kept), "median_step_seconds": statistics.median(kept)}
 
 
-def write_timing(path: Path, timer, collator: BucketCollator, batch_size: int, extra: dict) -> dict:
+def write_timing(path: Path, timer, collator: PaddingTally, batch_size: int, extra: dict) -> dict:
     """The figures the benchmark reads back from a run (rank 0 writes them)."""
     figures = steady_state(timer.times, timer.busy)
+    between = steady_state(timer.between, timer.busy)["median_step_seconds"]
+    wait = steady_state(timer.waits, timer.busy)["median_step_seconds"]
     median = figures["median_step_seconds"]
     tokens_per_row = collator.useful_tokens / collator.rows if collator.rows else math.nan
     padded_per_row = collator.padded_tokens / collator.rows if collator.rows else math.nan
@@ -256,6 +445,9 @@ def write_timing(path: Path, timer, collator: BucketCollator, batch_size: int, e
         "useful_tokens_per_second": samples_per_second * tokens_per_row,
         "padded_tokens_per_second": samples_per_second * padded_per_row,
         "training_shapes": sorted(collator.shapes),
+        "median_between_steps_seconds": between,
+        "median_device_wait_seconds": wait,
+        "host_pieces": timer.host.summary(len(timer.times)),
         **extra,
     }
     path.write_text(json.dumps(result, indent=2) + "\n")

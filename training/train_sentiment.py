@@ -358,6 +358,7 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
     from transformers import TrainingArguments
 
     from training import hardware
+    from training import speed as step_path
 
     return TrainingArguments(
         output_dir=str(checkpoint_dir),
@@ -387,6 +388,8 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
         # step instead of blocking the host (pinning is off on the CPU, where there is no copy).
         dataloader_pin_memory=speed.device == "cuda",
         accelerator_config={"non_blocking": speed.device == "cuda"},
+        # On a GPU, worker processes collate the next batches while the current step runs (training/speed.py).
+        **step_path.data_workers(speed.device),
         torch_compile_backend=args.torch_compile_backend if speed.torch_compile else None,
         torch_compile=speed.torch_compile,
         bf16=speed.bf16,
@@ -458,6 +461,9 @@ def train(args) -> dict:
     if speed.torch_compile:
         step_path.configure_dynamo(len(lengths))
     train_collator = step_path.BucketCollator(tokenizer.pad_token_id, lengths)
+    if training_args.dataloader_num_workers:
+        # The tokenizer ran in this process already; forked workers (which only collate) would each warn about it.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # The timer synchronizes the device at every step end: only a benchmark run (--step-timing) pays for that.
     timer = step_path.make_step_timer(speed.device) if args.step_timing else None
     trainer = step_path.recipe_trainer(train_collator)(
@@ -470,6 +476,9 @@ def train(args) -> dict:
         compute_metrics=compute_metrics,
         callbacks=[timer] if timer else None,
     )
+    if timer:
+        timer.attach(trainer)  # times the pieces of the step path on the host too
+    padding = trainer.padding  # the training batches' shapes and padding, tallied in this process
     result = trainer.train(resume_from_checkpoint=resume)
     validation = _without_prefix(trainer.evaluate(encoded["validation"], metric_key_prefix="validation"), "validation")
     test = None
@@ -486,7 +495,7 @@ def train(args) -> dict:
     state = trainer.state
     accelerator = hardware.report(speed.device)
     if args.step_timing and trainer.is_world_process_zero():
-        step_path.write_timing(args.step_timing, timer, train_collator, args.per_device_train_batch_size, {
+        step_path.write_timing(args.step_timing, timer, padding, args.per_device_train_batch_size, {
             "compile": compiled,
             "padding": args.padding,
             "lengths": lengths,
@@ -513,8 +522,8 @@ def train(args) -> dict:
         "test": test,
         "examples": {name: len(split["label"]) for name, split in splits.items()},
         "truncated_train_texts": truncated,
-        "padding": {"strategy": args.padding, "lengths": lengths, "training_shapes": sorted(train_collator.shapes),
-                    "useful_token_share": round(train_collator.useful_tokens / max(train_collator.padded_tokens, 1),
+        "padding": {"strategy": args.padding, "lengths": lengths, "training_shapes": sorted(padding.shapes),
+                    "useful_token_share": round(padding.useful_tokens / max(padding.padded_tokens, 1),
                                                 4)},
         "compile": compiled,
         "labels": {str(index): name for index, name in ID2LABEL.items()},

@@ -1,0 +1,150 @@
+"""The host work RecipeTrainer (training/speed.py) removes from every step stays removed, and what it kept still works.
+
+A real Trainer loop (transformers' `_run_epoch`) on the tiny model for two short epochs with evaluation between them,
+with spies on the model: cheap (a few seconds), no compile.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from training import speed
+
+ROWS, BATCH, EPOCHS = 48, 16, 2  # 3 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Train the tiny model through RecipeTrainer with spies on `num_parameters` and `train`; what they saw."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback, TrainingArguments
+
+    from training import tiny
+    from training.data import load_splits, sample_source
+
+    torch.set_num_threads(1)
+    split = load_splits(sample_source())["train"]
+    tokenizer = tiny.build_tokenizer(split["text"], model_max_length=32)
+    model = tiny.build_model(tokenizer, max_length=32)
+    ids = tokenizer(split["text"][:ROWS], truncation=True, max_length=32)["input_ids"]
+    dataset = Dataset.from_dict({"input_ids": ids, "labels": split["label"][:ROWS]})
+
+    seen = {"num_parameters": 0, "train_walks": [], "steps": [], "not_training": []}
+    count_parameters = model.num_parameters
+
+    def num_parameters(*args, **kwargs):
+        seen["num_parameters"] += 1
+        return count_parameters(*args, **kwargs)
+
+    walk = type(model).train.__get__(model)
+
+    def train(mode=True):
+        seen["train_walks"].append(mode)
+        return walk(mode)
+
+    # Instance attributes, as the Trainer (no compile, one process) calls them on this very object.
+    vars(model)["num_parameters"] = num_parameters
+    vars(model)["train"] = train
+
+    class Watch(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen["steps"].append(state.global_step)
+            seen["not_training"] += [name for name, module in model.named_modules() if not module.training]
+
+    collator = speed.BucketCollator(tokenizer.pad_token_id, [16, 32])
+    args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("step-path")), per_device_train_batch_size=BATCH,
+                             per_device_eval_batch_size=BATCH, num_train_epochs=EPOCHS, eval_strategy="epoch",
+                             save_strategy="no", logging_strategy="epoch", use_cpu=True, report_to="none",
+                             disable_tqdm=True, seed=0,
+                             # As on a GPU (speed.data_workers), with one worker: the collator runs in another process.
+                             dataloader_num_workers=1, dataloader_persistent_workers=True)
+    trainer = speed.recipe_trainer(collator)(model=model, args=args, train_dataset=dataset, eval_dataset=dataset,
+                                             data_collator=speed.BucketCollator(tokenizer.pad_token_id, [16, 32]),
+                                             callbacks=[Watch()])
+    parameters_before = seen["num_parameters"]
+    trainer.train()
+    seen["num_parameters"] -= parameters_before
+    return trainer, collator, seen, count_parameters(exclude_embeddings=True)
+
+
+def test_the_parameter_count_for_total_flos_is_taken_once_and_total_flos_is_unchanged(run):
+    trainer, _, seen, non_embedding = run
+    steps = len(seen["steps"])
+    assert steps == EPOCHS * ROWS // BATCH
+    # transformers 5.20 counts at every step (Trainer.floating_point_ops -> num_parameters(exclude_embeddings=True)).
+    assert seen["num_parameters"] == 1, seen["num_parameters"]
+    assert trainer.state.total_flos == 6 * trainer.padding.padded_tokens * non_embedding
+
+
+def test_train_mode_is_set_only_after_evaluation_and_every_step_trains_in_train_mode(run):
+    _, _, seen, _ = run
+    # transformers calls model.train() at every step (6 here). The model is built in training mode, so only the step
+    # after the evaluation between the epochs walks the modules; the evaluations put it in eval mode.
+    assert seen["train_walks"] == [False, True, False], seen["train_walks"]
+    assert seen["not_training"] == []  # yet every step ran with every module in training mode
+
+
+def test_training_batches_are_tallied_in_the_trainer_and_the_model_never_sees_the_counts(run):
+    trainer, collator, seen, _ = run
+    steps = len(seen["steps"])
+    assert trainer.padding.rows == steps * BATCH
+    assert collator.rows == 0  # the worker process collated (and counted there)
+    assert trainer.padding.shapes and trainer.padding.useful_tokens < trainer.padding.padded_tokens
+
+
+def test_counts_cross_a_worker_process_with_the_batch():
+    """In a data loader worker the collator's own counts stay in the worker; the batch brings them to the step."""
+    import torch
+
+    collator = speed.BucketCollator(pad_token_id=1, lengths=[8, 16], carry_counts=True)
+    rows = [{"input_ids": list(range(n)), "labels": 0} for n in (3, 10, 5, 7)]
+    loader = torch.utils.data.DataLoader(rows, batch_size=2, collate_fn=collator, num_workers=1,
+                                         multiprocessing_context="fork")
+    carried = [batch[speed.PADDING_KEY] for batch in loader]
+    assert carried == [(2, 16, 13), (2, 8, 12)]
+    assert collator.rows == 0  # counted in the worker, not here
+
+
+def test_data_workers_collate_on_a_gpu_and_not_on_a_cpu(tmp_path):
+    from training import hardware, train_sentiment
+
+    assert speed.data_workers("cpu") == {"dataloader_num_workers": 0}
+    assert speed.data_workers("cuda") == {"dataloader_num_workers": 2, "dataloader_persistent_workers": True,
+                                          "dataloader_prefetch_factor": 2}
+    args = train_sentiment.build_parser().parse_args(["--no-torch-compile"])
+    for device, workers in (("cpu", 0), ("cuda", 2)):
+        plan = hardware.Plan(device=device, bf16=False, torch_compile=False, fused_adamw=False, tf32=None)
+        made = train_sentiment._training_arguments(args, plan, tmp_path)
+        assert made.dataloader_num_workers == workers and made.dataloader_persistent_workers == (workers > 0)
+        assert made.dataloader_pin_memory == (device == "cuda")
+
+
+def test_host_clock_times_the_step_path_pieces_and_survives_a_checkpoint(tmp_path):
+    """HostClock wraps methods on the instances; a checkpoint (optimizer, scheduler, RNG, trainer state) still saves."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from training import tiny
+
+    torch.set_num_threads(1)
+    texts = ["good day", "bad day", "a day"] * 16
+    tokenizer = tiny.build_tokenizer(texts, model_max_length=16)
+    model = tiny.build_model(tokenizer, max_length=16)
+    dataset = Dataset.from_dict({"input_ids": tokenizer(texts)["input_ids"], "labels": [2, 0, 1] * 16})
+    timer = speed.make_step_timer("cpu")
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, max_steps=3,
+                             save_strategy="steps", save_steps=3, use_cpu=True, report_to="none", disable_tqdm=True)
+    trainer = speed.recipe_trainer(speed.BucketCollator(tokenizer.pad_token_id, [16]))(
+        model=model, args=args, train_dataset=dataset, callbacks=[timer],
+        data_collator=speed.BucketCollator(tokenizer.pad_token_id, [16]))
+    timer.attach(trainer)
+    trainer.train()
+    pieces = timer.host.summary(len(timer.times))
+    assert (tmp_path / "checkpoint-3" / "optimizer.pt").is_file()
+    for label in ("next batch (data loader, collate, copy to device)", "  forward (compute_loss)", "  backward",
+                  "optimizer.step", "floating_point_ops (total_flos)"):
+        assert pieces[label]["calls_per_step"] == pytest.approx(1.0, abs=0.34), (label, pieces)
+        assert pieces[label]["median_ms"] >= 0
+    assert len(timer.between) == len(timer.times) == 3
