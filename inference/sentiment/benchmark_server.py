@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.cli_types import non_negative_int, positive_int
+from inference.sentiment.precision import PRECISIONS
 
 PROG = "python -m inference.sentiment.benchmark_server"
 BASELINE_HANDLER = Path(__file__).resolve().parent / "serving" / "hf_default_handler.py"
@@ -516,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a saved model (default: build a random-weight one, see --preset)")
     parser.add_argument("--preset", choices=("base", "tiny"), default="base",
                         help="random-weight model to build without --model-dir: RoBERTa-base size, or 2 x 64")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "int8"), default="auto",
+    parser.add_argument("--precision", choices=("auto", *PRECISIONS), default="auto",
                         help="the gate row's precision; auto: the one the gate recorded in the archive (the server "
                              "refuses one that failed the gate)")
     parser.add_argument("--requests", type=positive_int, default=64,
