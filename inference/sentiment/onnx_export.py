@@ -17,8 +17,8 @@ How:
   the graph by the dropout noise, which once looked like a wrong export).
 - int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, graph
   optimisation, ONNX shape inference), then `quantize_dynamic(..., weight_type=QuantType.QInt8)`: int8 weights,
-  activations quantised per batch at run time. If symbolic shape inference fails the pre-processing is retried
-  without it (recorded).
+  activations quantised per batch at run time. Symbolic shape inference runs with `auto_merge`; if it still
+  fails the pre-processing is retried without it (recorded in export.json's `int8.pre_process`).
 - check: the fp32 graph is run once by ONNX Runtime on the export's own example batch and its largest logit
   difference from torch recorded (`fp32_max_logit_difference`); the gate's figures are what decide.
 
@@ -104,8 +104,11 @@ def export_fp32(model, tokenizer, path: Path) -> tuple[list[str], float]:
     with torch.inference_mode():
         reference = model(**{name: tensor for name, tensor in zip(names, tensors, strict=True)}).logits.float()
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (logits,) = session.run([OUTPUT], {name: tensor.numpy() for name, tensor in zip(names, tensors, strict=True)})
-    return names, float(numpy.abs(logits - reference.numpy()).max())
+    # The exporter drops an input the graph never reads (DeBERTa-v3 without token types: token_type_ids).
+    used = [entry.name for entry in session.get_inputs()]
+    feed = {name: tensor.numpy() for name, tensor in zip(names, tensors, strict=True) if name in used}
+    (logits,) = session.run([OUTPUT], feed)
+    return used, float(numpy.abs(logits - reference.numpy()).max())
 
 
 def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
@@ -116,9 +119,12 @@ def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
     prepared = scratch / "model.pre.onnx"
     done = {"method": "quantize_dynamic(weight_type=QInt8) after quant_pre_process"}
     try:
-        quant_pre_process(str(fp32_path), str(prepared))
+        # auto_merge: symbolic shape inference merges conflicting symbolic dimensions instead of giving up (its own
+        # advice, e.g. for BERT's and DistilBERT's attention masks)
+        quant_pre_process(str(fp32_path), str(prepared), auto_merge=True)
+        done["pre_process"] = "quant_pre_process(auto_merge=True)"
     except Exception as error:
-        done["pre_process"] = f"retried with skip_symbolic_shape=True after {_short(error)}"
+        done["pre_process"] = f"quant_pre_process(skip_symbolic_shape=True) after {_short(error)}"
         quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
     quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8)
     return done

@@ -229,6 +229,9 @@ def choose_explained(model_dir: Path, override: str | None, cpu: Bf16Support | N
     if record is None:
         return "fp32", f"the model has no {RECORD} (packaged before the accuracy gate): {label('fp32')}"
     notes = []
+    failed_export = (onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}).get("error")
+    if failed_export:
+        notes.append(f"no ONNX Runtime pair: the ONNX export failed at packaging ({failed_export})")
     if "bf16" in passed(record) and not cpu.available:
         notes.append("bf16 passed, but this CPU has no bf16 instructions")
     candidates = []

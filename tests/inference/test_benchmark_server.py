@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from inference.sentiment import benchmark_server, local_stack
+from inference.sentiment import precision as precisions
 from inference.sentiment.server import local
 
 pytestmark = pytest.mark.servers  # starts our servers (the toolkit row also needs torchserve): the servers lane
@@ -158,7 +159,7 @@ def test_the_gate_record_is_read_from_the_archive_training_package_built(model_d
     package.build(model_dir, gated, gate_rounds=1)
     record = benchmark_server.gate_record(gated)
     assert record == package.read_archive_record(gated)
-    assert record["precision"] in ("fp32", "bf16", "int8")
+    assert record["precision"] in precisions.PRECISIONS
     plain = tmp_path / "plain.tar.gz"
     package.build(model_dir, plain, gate=False)
     with pytest.raises(RuntimeError, match=re.escape("plain.tar.gz: no precision.json; training.package ran no gate")):
