@@ -44,6 +44,7 @@ OPSET = 17
 EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False)"
 # Texts of different lengths, so the example batch carries padding and a real attention mask.
 EXAMPLE_TEXTS = ("An example text to trace the graph with, long enough to need some padding next to it.", "Short.")
+EXAMPLE_MAX_TOKENS = 16
 
 Progress = Callable[[str], None]
 
@@ -80,8 +81,12 @@ def export_fp32(model, tokenizer, path: Path) -> tuple[list[str], float]:
     import onnxruntime
     import torch
 
+    from inference.sentiment.inference import max_input_length
+
     names = input_names(model, tokenizer)
-    example = tokenizer(list(EXAMPLE_TEXTS), padding=True, return_tensors="pt")
+    # Truncated like the handler truncates (a model trained with short inputs has few position embeddings).
+    limit = min(EXAMPLE_MAX_TOKENS, max_input_length(tokenizer, model.config))
+    example = tokenizer(list(EXAMPLE_TEXTS), padding=True, truncation=True, max_length=limit, return_tensors="pt")
     tensors = tuple(example[name].to(torch.int64) for name in names)
 
     class Logits(torch.nn.Module):
