@@ -227,7 +227,7 @@ def choose_explained(model_dir: Path, override: str | None, cpu: Bf16Support | N
         return precision, (f"{OVERRIDE_ENV}={precision} ({label(precision)}), which passed this model's accuracy "
                            f"gate{slow}")
     if record is None:
-        return "fp32", f"the model has no {RECORD} (packaged before the accuracy gate): {label('fp32')}"
+        return "fp32", f"the model has no {RECORD} (packaged before the accuracy gate)"
     notes = []
     failed_export = (onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}).get("error")
     if failed_export:
