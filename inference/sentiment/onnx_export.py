@@ -16,9 +16,10 @@ How:
   training mode would turn the model's dropout back on (a reference computed after such an export differs from
   the graph by the dropout noise, which once looked like a wrong export).
 - int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, graph
-  optimisation, ONNX shape inference), then `quantize_dynamic(..., weight_type=QuantType.QInt8)`: int8 weights,
-  activations quantised per batch at run time. Symbolic shape inference runs with `auto_merge`; if it still
-  fails the pre-processing is retried without it (recorded in export.json's `int8.pre_process`).
+  optimisation, ONNX shape inference), then `quantize_dynamic(..., weight_type=QuantType.QInt8, reduce_range=True)`:
+  int8 weights (7-bit range: `REDUCE_RANGE`), activations quantised per batch at run time. Symbolic shape
+  inference runs with `auto_merge`; if it still fails the pre-processing is retried without it (recorded in
+  export.json's `int8.pre_process`).
 - check: the fp32 graph is run once by ONNX Runtime on the export's own example batch and its largest logit
   difference from torch recorded (`fp32_max_logit_difference`); the gate's figures are what decide.
 
@@ -45,6 +46,13 @@ EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False)"
 # Texts of different lengths, so the example batch carries padding and a real attention mask.
 EXAMPLE_TEXTS = ("An example text to trace the graph with, long enough to need some padding next to it.", "Short.")
 EXAMPLE_MAX_TOKENS = 16
+# 7-bit int8 weights. ONNX Runtime's guidance (onnxruntime 1.32.0, onnxruntime/quantization/quantize.py,
+# quantize_static's "Choosing parameters for CPU inference"): x86 without VNNI should use reduce_range=True, because
+# its u8 x s8 kernel (VPMADDUBSW) can saturate; VNNI and Arm do not need it. The graph is made once, at package
+# time, and its gate result must hold on whatever CPU serves it (the record's accuracy is CPU-independent), so it is
+# made safe for all: the trained tiny model's int8 moved a probability by 0.0733 (FAIL) with 8-bit weights on a
+# Zen 2 (AVX2, no VNNI), by 0.0182 (PASS) with 7-bit.
+REDUCE_RANGE = True
 
 Progress = Callable[[str], None]
 
@@ -122,7 +130,7 @@ def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     prepared = scratch / "model.pre.onnx"
-    done = {"method": "quantize_dynamic(weight_type=QInt8) after quant_pre_process"}
+    done = {"method": f"quantize_dynamic(weight_type=QInt8, reduce_range={REDUCE_RANGE}) after quant_pre_process"}
     try:
         # auto_merge: symbolic shape inference merges conflicting symbolic dimensions instead of giving up (its own
         # advice, e.g. for BERT's and DistilBERT's attention masks)
@@ -131,7 +139,7 @@ def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
     except Exception as error:
         done["pre_process"] = f"quant_pre_process(skip_symbolic_shape=True) after {_short(error)}"
         quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
-    quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8)
+    quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8, reduce_range=REDUCE_RANGE)
     return done
 
 
