@@ -28,6 +28,7 @@ Needs `onnx` and `onnxruntime` (training/requirements.txt); the serving image ne
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -129,17 +130,22 @@ def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    fp32_path, path, scratch = Path(fp32_path).resolve(), Path(path).resolve(), Path(scratch).resolve()
     prepared = scratch / "model.pre.onnx"
     done = {"method": f"quantize_dynamic(weight_type=QInt8, reduce_range={REDUCE_RANGE}) after quant_pre_process"}
-    try:
-        # auto_merge: symbolic shape inference merges conflicting symbolic dimensions instead of giving up (its own
-        # advice, e.g. for BERT's and DistilBERT's attention masks)
-        quant_pre_process(str(fp32_path), str(prepared), auto_merge=True)
-        done["pre_process"] = "quant_pre_process(auto_merge=True)"
-    except Exception as error:
-        done["pre_process"] = f"quant_pre_process(skip_symbolic_shape=True) after {_short(error)}"
-        quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
-    quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8, reduce_range=REDUCE_RANGE)
+    # In the scratch folder: symbolic shape inference that gives up saves its partial model as
+    # sym_shape_infer_temp.onnx plus external data files into the current directory (onnxruntime 1.32.0,
+    # onnxruntime/tools/symbolic_shape_infer.py, SymbolicShapeInference.infer_shapes).
+    with contextlib.chdir(scratch):
+        try:
+            # auto_merge: symbolic shape inference merges conflicting symbolic dimensions instead of giving up (its
+            # own advice, e.g. for BERT's and DistilBERT's attention masks)
+            quant_pre_process(str(fp32_path), str(prepared), auto_merge=True)
+            done["pre_process"] = "quant_pre_process(auto_merge=True)"
+        except Exception as error:
+            done["pre_process"] = f"quant_pre_process(skip_symbolic_shape=True) after {_short(error)}"
+            quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
+        quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8, reduce_range=REDUCE_RANGE)
     return done
 
 

@@ -128,6 +128,29 @@ def test_each_architecture_exports_with_dynamic_axes_and_its_onnx_pairs_pass_the
     assert figures["onnx-int8"].error is None and figures["onnx-int8"].ms_per_batch > 0
 
 
+def test_int8_pre_processing_falls_back_without_symbolic_shapes_and_leaves_no_files_behind(model_dir, tmp_path,
+                                                                                          monkeypatch):
+    """Without auto_merge ONNX Runtime's symbolic shape inference gives up on DistilBERT's graph and dumps its
+    partial model into the current directory: the export retries without it, in a scratch folder."""
+    from onnxruntime.quantization import shape_inference
+
+    directory = build_tiny("distilbert", tmp_path / "distilbert", model_dir)
+    real = shape_inference.quant_pre_process
+
+    def without_auto_merge(*args, **kwargs):
+        return real(*args, **{**kwargs, "auto_merge": False})
+
+    monkeypatch.setattr(shape_inference, "quant_pre_process", without_auto_merge)
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    monkeypatch.chdir(workdir)
+    manifest = onnx_export.export(directory, directory / "onnx")
+    assert set(manifest["graphs"]) == {"onnx-fp32", "onnx-int8"}, manifest
+    assert manifest["int8"]["pre_process"] == ("quant_pre_process(skip_symbolic_shape=True) after Exception: "
+                                               "Incomplete symbolic shape inference")
+    assert list(workdir.iterdir()) == []  # no sym_shape_infer_temp.onnx here
+
+
 def test_a_model_whose_export_fails_still_packages_and_serves_on_torch(model_dir, tmp_path, monkeypatch, caplog):
     import torch
 
