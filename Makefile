@@ -146,7 +146,7 @@ bench-train: install-dev  ## plain vs optimized through the Trainer (torchrun), 
 
 # make precision-gate MODEL=<model dir>; RANDOM=roberta-base gates a random-weight RoBERTa-base built on the spot.
 .PHONY: precision-gate
-precision-gate: install-dev  ## the accuracy gate's figures (fp32, bf16, int8 against fp32) for MODEL, or RANDOM=roberta-base
+precision-gate: install-dev  ## the accuracy gate's figures (torch fp32, bf16, int8; ONNX Runtime fp32, int8) for MODEL, or RANDOM=roberta-base
 	$(PY) -m inference.sentiment.accuracy_check $(if $(RANDOM),--random-model $(RANDOM),--model-dir $(MODEL)) $(ARGS)
 
 clean:  ## remove build output (keeps .venv and node_modules)

@@ -67,8 +67,8 @@ class SentimentSettings:
                                       ge=100, le=23_000, unit="ms")
     drain_seconds: int = setting(22, "our server: longest wait for accepted requests after SIGTERM (SIGKILL at 30 s)",
                                  ge=1, le=24, unit="s")
-    precision: Literal["fp32", "bf16", "int8"] | None = setting(None, "override the archive's gated precision "
-                                                                "(bf16 needs c7g or c8g)")
+    precision: Literal["fp32", "bf16", "int8", "onnx-fp32", "onnx-int8"] | None = setting(
+        None, "override the archive's gated engine and precision (onnx-*: ONNX Runtime; bf16 needs c7g or c8g)")
     image_scan_on_push: bool = setting(True, "ECR scan on push for the CDK asset repositories (one per registry)")
 
     @model_validator(mode="after")

@@ -15,7 +15,8 @@ It reads the cluster from SageMaker's layout:
 
 After training, node 0 turns the model dir into what the sentiment endpoint loads directly: weights and
 tokenizer at the root, `precision.json` (the accuracy gate's record, as `training.package` writes it, run on this
-instance's CPU: which precisions pass holds anywhere, the timings only for this kind of CPU), `code/inference.py`,
+instance's CPU: which precisions pass holds anywhere, the timings only for this kind of CPU), `onnx/` (the
+model exported to ONNX before the gate, as `training.package` does), `code/inference.py`,
 `code/requirements.txt` and (with --download-wheels or --wheelhouse) the handler's linux-aarch64 wheels in
 `code/wheels`, installed offline. It also copies
 metrics.json next to the checkpoints, where the model registry reads it (the archive itself is not readable
@@ -210,8 +211,11 @@ def make_hostable(model_dir: Path, *, handler: Path, requirements_file: Path, wh
     if wheels:
         package.check_wheelhouse(wheels, requirements, python, list(package.DEFAULT_PLATFORMS))
     record = None
+    shutil.rmtree(model_dir / package.ONNX_DIR, ignore_errors=True)  # made afresh, like the record
     if gate:
-        record = package.precision_record(model_dir, gate_rounds, lambda line: print(line, flush=True))
+        say = lambda line: print(line, flush=True)  # noqa: E731
+        package.export_onnx(model_dir, model_dir / package.ONNX_DIR, say)
+        record = package.precision_record(model_dir, gate_rounds, say, model_dir / package.ONNX_DIR)
     for name in (*package.SKIPPED_FILES, package.PRECISION_RECORD):
         (model_dir / name).unlink(missing_ok=True)
     if record is not None:

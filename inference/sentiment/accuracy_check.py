@@ -1,6 +1,8 @@
-"""The accuracy gate: which precisions answer like fp32 on held-out text, and which of those is fastest here.
+"""The accuracy gate: which (engine, precision) pairs answer like torch fp32 on held-out text, and which of those is
+fastest here.
 
-For each precision (fp32, bf16, int8; `inference.sentiment.precision`) the model is loaded the way the server
+For each pair (torch fp32, the reference; torch bf16; torch int8; ONNX Runtime fp32 and int8 on the graphs
+`inference.sentiment.onnx_export` writes: `inference.sentiment.precision`) the model is loaded the way the server
 loads it and classifies every held-out text of the shipped sample (training/data/sample/validation.jsonl and
 test.jsonl, which `make train-local` never trains on). A precision passes when the best labels agree with fp32's
 on at least `--min-agreement` of the texts and no class probability moves by more than `--tolerance`. The
@@ -13,6 +15,13 @@ the result to `precision.json` in the archive: which precisions passed (true on 
 
     python -m inference.sentiment.accuracy_check --model-dir artifacts/tiny-model
     python -m inference.sentiment.accuracy_check --random-model roberta-base     # random weights, built here
+
+The ONNX Runtime pairs run the model directory's `onnx/` graphs (a packaged archive's); a directory without them
+(a training run's output) is exported into a temporary folder first (`--no-export`: measure torch only), and a
+model that does not export fails those pairs "not measured", with the exporter's reason.
+
+torch.compile for inference is not a pair: measured on the Zen 2 above (RoBERTa-base, 8 x 48 tokens, 2 threads,
+docs/incoming-issue-35a.md) it did not pay for its compile time and recompiles under the server's varying shapes.
 
 Exit status 0 when the gate ran (1 with --require PRECISION when that precision failed), 2 for a bad model
 directory. `--quantize int8` keeps the older check of the TorchServe handler's `sentiment.quantize` setting.
@@ -32,7 +41,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from inference.sentiment import cpu_features
+from inference.sentiment import cpu_features, onnx_engine
 from inference.sentiment import precision as precisions
 
 PROG = "python -m inference.sentiment.accuracy_check"
@@ -66,10 +75,10 @@ def compare(reference: list[list[float]], candidate: list[list[float]]) -> tuple
     return same / len(reference), worst
 
 
-def load(model_dir: Path, precision: str, threads: int | None = None):
-    """The handler's SentimentModel at `precision`, loaded as the server loads it (fp32, then precision.apply)."""
+def load(model_dir: Path, precision: str, threads: int | None = None, onnx_dir: Path | None = None):
+    """The handler's SentimentModel for a pair, loaded as the server loads it (`precision.load_engine`)."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from inference.sentiment import inference as handler
@@ -78,11 +87,9 @@ def load(model_dir: Path, precision: str, threads: int | None = None):
     if threads:
         torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    model = precisions.apply(model, precision)
-    return handler.SentimentModel(model=model, tokenizer=tokenizer, labels=handler.label_names(model.config.id2label),
-                                  max_length=handler.max_input_length(tokenizer, model.config),
+    model, config = precisions.load_engine(model_dir, precision, threads=torch.get_num_threads(), onnx_dir=onnx_dir)
+    return handler.SentimentModel(model=model, tokenizer=tokenizer, labels=handler.label_names(config.id2label),
+                                  max_length=handler.max_input_length(tokenizer, config),
                                   threads=torch.get_num_threads())
 
 
@@ -101,8 +108,8 @@ def class_probabilities(sentiment, texts: list[str]) -> list[list[float]]:
 
 def measure(model_dir: Path, wanted: tuple[str, ...] = precisions.PRECISIONS, *, texts: list[str] | None = None,
             batch_size: int = DEFAULT_BATCH_SIZE, rounds: int = DEFAULT_ROUNDS, threads: int | None = None,
-            progress: Progress | None = None) -> list[precisions.Figures]:
-    """Every wanted precision's figures against fp32; timed in turns (one round each, then the next round)."""
+            progress: Progress | None = None, onnx_dir: Path | None = None) -> list[precisions.Figures]:
+    """Every wanted pair's figures against torch fp32; timed in turns (one round each, then the next round)."""
     from inference.sentiment import inference as handler
 
     say = progress or (lambda line: None)
@@ -110,16 +117,17 @@ def measure(model_dir: Path, wanted: tuple[str, ...] = precisions.PRECISIONS, *,
     order = ["fp32", *[name for name in precisions.PRECISIONS if name in wanted and name != "fp32"]]
     loaded, reference, errors, accuracy = {}, None, {}, {}
     for name in order:
-        say(f"gate: {name}: loading and classifying {len(texts)} held-out texts")
+        say(f"gate: {name} ({precisions.label(name)}): loading and classifying {len(texts)} held-out texts")
         try:
-            loaded[name] = load(model_dir, name, threads)
-        except (ImportError, RuntimeError, NotImplementedError) as error:
+            loaded[name] = load(model_dir, name, threads, onnx_dir)
+            rows = class_probabilities(loaded[name], texts)
+        except Exception as error:
             if name == "fp32":
                 raise  # the reference: nothing to compare against without it
+            loaded.pop(name, None)
             errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}".strip()
             say(f"gate: {name}: cannot load: {errors[name]}")
             continue
-        rows = class_probabilities(loaded[name], texts)
         if name == "fp32":
             reference = rows
         accuracy[name] = compare(reference, rows)
@@ -169,22 +177,30 @@ def _machine() -> dict:
         described["torchao"] = torchao.__version__
     except ImportError:
         pass
+    if onnx_engine.runtime_installed():
+        import onnxruntime
+
+        described["onnxruntime"] = onnxruntime.__version__
     return described
 
 
 def gate_record(model_dir: Path, *, min_agreement: float = DEFAULT_MIN_AGREEMENT,
                 tolerance: float = DEFAULT_TOLERANCE, batch_size: int = DEFAULT_BATCH_SIZE,
                 rounds: int = DEFAULT_ROUNDS, threads: int | None = None,
-                progress: Progress | None = None) -> dict:
-    """precision.json for this model: the gate's choice, its thresholds, the figures and where they were measured."""
+                progress: Progress | None = None, onnx_dir: Path | None = None,
+                wanted: tuple[str, ...] = precisions.PRECISIONS) -> dict:
+    """precision.json for this model: the gate's choice, its thresholds, the figures and where they were measured
+    (`onnx_dir`: where the exported graphs are, when not in the model directory's `onnx/`)."""
     texts = sample_texts()
-    figures = measure(model_dir, texts=texts, batch_size=batch_size, rounds=rounds, threads=threads,
-                      progress=progress)
+    figures = measure(model_dir, wanted, texts=texts, batch_size=batch_size, rounds=rounds, threads=threads,
+                      progress=progress, onnx_dir=onnx_dir)
+    exported = onnx_engine.read_manifest(Path(onnx_dir) if onnx_dir else Path(model_dir) / onnx_engine.ONNX_DIR)
+    details = {} if exported is None else {"onnx_export": exported}
     return precisions.make_record(
         figures, min_agreement=min_agreement, tolerance=tolerance,
         texts=len(texts), sample=[f"training/data/sample/{name}" for name in HELD_OUT],
         batch_texts=min(batch_size, len(texts)), rounds=rounds,
-        measured_on=_machine(), measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        measured_on=_machine(), measured_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **details,
     )
 
 
@@ -214,10 +230,24 @@ def report(record: dict) -> list[str]:
              f"ms per batch of {gate['batch_texts']} texts, best of {gate['rounds']} rounds taking turns, on "
              f"{gate['measured_on']['cpu']} ({gate['measured_on']['threads']} threads, torch "
              f"{gate['measured_on']['torch']})"]
+    width = max(len(precisions.label(name)) for name in record["figures"])
     for name, data in record["figures"].items():
-        lines.append("  " + precisions.Figures.from_dict(name, data).describe(gate["min_agreement"],
-                                                                           gate["max_probability_change"]))
-    lines.append(f"chosen: {record['precision']} (the fastest that passed)")
+        lines.append(f"  {precisions.label(name):<{width}}  " + precisions.Figures.from_dict(name, data).describe(
+            gate["min_agreement"], gate["max_probability_change"]))
+    exported = gate.get("onnx_export")
+    if exported:
+        versions = exported.get("versions", {})
+        how = (f"{exported.get('exporter')}, opset {exported.get('opset')}, onnxruntime "
+               f"{versions.get('onnxruntime')}")
+        if exported.get("error"):
+            lines.append(f"onnx export failed ({exported['error']}): the ONNX Runtime pairs were not measured; {how}")
+        else:
+            difference = exported.get("fp32_max_logit_difference")
+            lines.append(f"onnx export: {', '.join(exported.get('graphs', {}))} in {exported.get('seconds')} s ({how}"
+                         + ("" if difference is None else f"; fp32 graph's largest logit difference from torch "
+                                                          f"{difference:.1e}") + ")"
+                         + "".join(f"; {name} failed: {why}" for name, why in exported.get("errors", {}).items()))
+    lines.append(f"chosen: {record['precision']} ({precisions.label(record['precision'])}, the fastest that passed)")
     if record["gate"]["measured_on"].get("bf16_instructions") is False:
         lines.append("  (bf16 not chosen here: this CPU has no bf16 instructions)")
     if "accuracy" in record:
@@ -269,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="texts in the timed batch")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="timed rounds per precision")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    parser.add_argument("--no-export", action="store_true",
+                        help="measure torch's pairs only when the model directory has no onnx/ graphs (default: "
+                             "export them into a temporary folder first)")
     parser.add_argument("--require", choices=precisions.PRECISIONS,
                         help="exit 1 unless this precision passes the gate")
     parser.add_argument("--json", action="store_true", help="print the record (precision.json) instead of lines")
@@ -305,9 +338,20 @@ def main(argv: list[str] | None = None) -> int:
         if model_dir is None:
             print(f"building a random-weight {args.random_model} classifier in {scratch}", file=sys.stderr, flush=True)
             model_dir = build_random_model(Path(scratch), args.random_model)
+        progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        onnx_dir = None
+        wanted = precisions.PRECISIONS
+        if not (Path(model_dir) / onnx_engine.ONNX_DIR).is_dir():
+            if args.no_export:
+                wanted = tuple(name for name in wanted if name not in precisions.ONNX_PRECISIONS)
+            else:
+                from inference.sentiment import onnx_export
+
+                onnx_dir = Path(scratch) / "exported-onnx"
+                onnx_export.export(model_dir, onnx_dir, progress=progress)
         record = gate_record(model_dir, min_agreement=args.min_agreement, tolerance=args.tolerance,
                              batch_size=args.batch_size, rounds=args.rounds, threads=args.threads,
-                             progress=lambda line: print(line, file=sys.stderr, flush=True))
+                             progress=progress, onnx_dir=onnx_dir, wanted=wanted)
     print(json.dumps(record, indent=2) if args.json else "\n".join(report(record)))
     if args.require and not record["figures"].get(args.require, {}).get("passed"):
         return 1

@@ -13,8 +13,8 @@ held-out sample, with the figures measured for every precision. The server calls
 The record keeps accuracy apart from speed: `accuracy.passed` holds for any CPU (bf16 is computed exactly the same
 way, only slower, where a CPU lacks the instructions), `speed` only for the kind of CPU it was timed on
 (`speed.measured_on`: machine and bf16 instructions). The server ranks by those timings when they come from its
-own kind of CPU; otherwise by `DEFAULT_ORDER` (bf16 then fp32 where the CPU has bf16; fp32 where it has not: int8's
-gain is only taken where it was measured on such a CPU).
+own kind of CPU; otherwise by `DEFAULT_ORDER` (below; int8 on a CPU without bf16 instructions is only taken where
+it was measured on such a CPU).
 - `apply(model, precision)`: the model converted to that precision, with the process's math mode set for it.
 - `process_environment(precision)`: variables the server process must have before it imports torch (the server
   sets them in its own environment first).
@@ -30,6 +30,21 @@ The precisions:
 - `int8`: dynamic int8 of every Linear layer (int8 weights, activations quantized per batch) through torchao's
   `quantize_` (`Int8DynamicActivationInt8WeightConfig`), the maintained successor of
   `torch.ao.quantization.quantize_dynamic`.
+- `onnx-fp32`, `onnx-int8`: ONNX Runtime (CPU execution provider) running the graphs `training.package` exported
+  into the archive's `onnx/` folder (`inference.sentiment.onnx_export`: fp32, and int8 by ONNX Runtime's dynamic
+  quantization), behind the handler's forward-pass seam (`inference.sentiment.onnx_engine.OnnxClassifier`). A pair
+  is a candidate only where its graph is in the model directory and onnxruntime is installed: an archive packaged
+  before the export, or whose export failed, serves on torch.
+
+Each name is an (engine, precision) pair; `LABELS` says which in words. Where ONNX Runtime goes in the default
+order (no timing from this kind of CPU, e.g. every Graviton endpoint of a model packaged on x86):
+- CPU with bf16 instructions: onnx-int8, bf16, onnx-fp32, fp32. The one such CPU measured (AMD EPYC Zen 4, issue
+  35: RoBERTa-base, 8 x 48 tokens, 2 threads) ran ONNX Runtime int8 in 67 ms, torch bf16 in 98, ONNX Runtime fp32
+  in 158 and torch fp32 in 362. Every CPU with bf16 instructions also has int8 dot products (AVX512-VNNI on x86,
+  SDOT and I8MM on Graviton3), which ONNX Runtime's int8 kernels use.
+- CPU without: onnx-fp32, fp32. ONNX Runtime fp32 was 1.64x torch fp32 on a Zen 2 (AVX2 only), its int8 only
+  1.01x its fp32 there (no VNNI), so int8's accuracy cost buys nothing measured: like torch int8, ONNX Runtime int8
+  is taken there only where the record timed it on that kind of CPU.
 """
 
 from __future__ import annotations
@@ -38,9 +53,14 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inference.sentiment import onnx_engine
 from inference.sentiment.cpu_features import Bf16Support, this_cpu
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8", "onnx-fp32", "onnx-int8")
+# The pairs ONNX Runtime runs (the others run on torch).
+ONNX_PRECISIONS = tuple(onnx_engine.GRAPHS)
+LABELS = {"fp32": "torch fp32", "bf16": "torch bf16 weights", "int8": "torch int8 (torchao dynamic)",
+          "onnx-fp32": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8 (dynamic)"}
 RECORD = "precision.json"
 # The gate (issue 21): best labels agree on at least this share of the held-out sample...
 MIN_AGREEMENT = 0.99
@@ -49,7 +69,7 @@ TOLERANCE = 0.05
 FPMATH_ENV = "DNNL_DEFAULT_FPMATH_MODE"
 OVERRIDE_ENV = "SENTIMENT_PRECISION"
 # The serving order where the record holds no timing from this kind of CPU (see the module's docstring).
-DEFAULT_ORDER = {True: ("bf16", "fp32"), False: ("fp32",)}
+DEFAULT_ORDER = {True: ("onnx-int8", "bf16", "onnx-fp32", "fp32"), False: ("onnx-fp32", "fp32")}
 
 
 class PrecisionRefused(ValueError):
@@ -138,8 +158,22 @@ def read_record(model_dir: Path) -> dict | None:
 
 def _check(precision: str, where: str) -> str:
     if precision not in PRECISIONS:
-        raise ValueError(f"{where}={precision!r} is not a precision; allowed: {', '.join(PRECISIONS)}")
+        raise ValueError(f"{where}={precision!r} is not a precision; allowed: {', '.join(PRECISIONS)} "
+                         f"({'; '.join(f'{name}: {LABELS[name]}' for name in PRECISIONS)})")
     return precision
+
+
+def label(precision: str) -> str:
+    """The pair in words, engine and precision: `onnx-int8` -> `ONNX Runtime int8 (dynamic)`."""
+    return LABELS.get(precision, precision)
+
+
+def unavailable(model_dir: Path, precision: str) -> str | None:
+    """Why this model directory cannot run `precision` here (None when it can): only ONNX Runtime pairs need
+    anything beyond the weights (their graph in `onnx/`, and onnxruntime installed)."""
+    if precision not in ONNX_PRECISIONS:
+        return None
+    return onnx_engine.missing_reason(model_dir, precision)
 
 
 def passed(record: dict) -> list[str]:
@@ -167,39 +201,65 @@ def choose(model_dir: Path, override: str | None, cpu: Bf16Support | None = None
     return choose_explained(model_dir, override, cpu)[0]
 
 
-def choose_explained(model_dir: Path, override: str | None, cpu: Bf16Support | None = None) -> tuple[str, str]:
-    """(precision, why): a gate-passed override; else the fastest gate-passed precision this CPU runs; else fp32."""
+def choose_explained(model_dir: Path, override: str | None, cpu: Bf16Support | None = None, *,
+                     torch_only: bool = False) -> tuple[str, str]:
+    """(precision, why): a gate-passed override; else the fastest gate-passed pair this CPU and model directory
+    run; else fp32 (`torch_only`: among torch's pairs, when ONNX Runtime could not start)."""
     cpu = this_cpu() if cpu is None else cpu
     record = read_record(model_dir)
+    if torch_only and record is not None:
+        record = {**record, "accuracy": {"passed": [name for name in passed(record) if name not in ONNX_PRECISIONS]}}
     if override:
         precision = _check(override.strip().lower(), OVERRIDE_ENV)
         # An explicit bf16 on a CPU without bf16 instructions is served (a benchmark may want exactly that), with
         # the cost said; the settings refuse it for instance types without them (settings/serving.py).
         slow = (f"; this CPU has no bf16 instructions ({cpu.evidence}): oneDNN converts to fp32 and back, slower "
                 "than fp32") if precision == "bf16" and not cpu.available else ""
+        missing = unavailable(model_dir, precision)
+        if missing:
+            raise PrecisionRefused(f"{OVERRIDE_ENV}={precision} ({label(precision)}) cannot run: {missing}; "
+                                   f"allowed here: {', '.join(_runnable(model_dir, record))}")
         if record is None or precision == "fp32":
             # fp32 is the reference; without a record there is no gate result to refuse on
-            return precision, (f"{OVERRIDE_ENV}={precision}" + ("" if record else " (the model has no gate record)")
-                               + slow)
+            return precision, (f"{OVERRIDE_ENV}={precision} ({label(precision)})"
+                               + ("" if record else " (the model has no gate record)") + slow)
         _refuse_unless_passed(model_dir, record, precision)
-        return precision, f"{OVERRIDE_ENV}={precision}, which passed this model's accuracy gate{slow}"
+        return precision, (f"{OVERRIDE_ENV}={precision} ({label(precision)}), which passed this model's accuracy "
+                           f"gate{slow}")
     if record is None:
         return "fp32", f"the model has no {RECORD} (packaged before the accuracy gate)"
-    candidates = [name for name in passed(record) if name != "bf16" or cpu.available]
-    dropped = " (bf16 passed, but this CPU has no bf16 instructions)" if (
-        "bf16" in passed(record) and not cpu.available) else ""
+    notes = []
+    failed_export = (onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}).get("error")
+    if failed_export:
+        notes.append(f"no ONNX Runtime pair: the ONNX export failed at packaging ({failed_export})")
+    if "bf16" in passed(record) and not cpu.available:
+        notes.append("bf16 passed, but this CPU has no bf16 instructions")
+    candidates = []
+    for name in passed(record):
+        missing = unavailable(model_dir, name)
+        if missing:
+            notes.append(f"{name} passed, but {missing}")
+        elif name != "bf16" or cpu.available:
+            candidates.append(name)
+    dropped = f" ({'; '.join(notes)})" if notes else ""
     where = f"CPU: {cpu.evidence}"
     speeds = _speeds_for(record, cpu)
     timed = [name for name in candidates if speeds and name in speeds]
     if timed:
         chosen = min(timed, key=lambda name: (speeds[name], PRECISIONS.index(name)))
         figures = ", ".join(f"{name} {speeds[name]:.1f} ms" for name in timed)
-        return chosen, (f"fastest of the gate-passed precisions this CPU runs ({figures} per batch, timed on this "
-                        f"kind of CPU){dropped}; {where}")
+        return chosen, (f"{label(chosen)}: fastest of the gate-passed pairs this CPU runs ({figures} per batch, "
+                        f"timed on this kind of CPU){dropped}; {where}")
     order = DEFAULT_ORDER[cpu.available]
     chosen = next(name for name in order if name in candidates or name == "fp32")
-    return chosen, (f"gate passed {', '.join(passed(record))}{dropped}; no timing from this kind of CPU in "
-                    f"{RECORD}, so the default order {' > '.join(order)}; {where}")
+    return chosen, (f"{label(chosen)}: gate passed {', '.join(passed(record))}{dropped}; no timing from this kind "
+                    f"of CPU in {RECORD}, so the default order {' > '.join(order)}; {where}")
+
+
+def _runnable(model_dir: Path, record: dict | None) -> list[str]:
+    """The pairs an override may name for this model here: gate-passed (all, without a record) and runnable."""
+    names = PRECISIONS if record is None else passed(record)
+    return [name for name in names if not unavailable(model_dir, name)]
 
 
 def _refuse_unless_passed(model_dir: Path, record: dict, precision: str) -> None:
@@ -211,7 +271,8 @@ def _refuse_unless_passed(model_dir: Path, record: dict, precision: str) -> None
     if entry is not None and entry.passed(min_agreement, tolerance):
         return
     allowed = [name for name in PRECISIONS if name == "fp32" or (name in measured and
-                                                                  measured[name].passed(min_agreement, tolerance))]
+                                                                  measured[name].passed(min_agreement, tolerance)
+                                                                  and not unavailable(model_dir, name))]
     why = entry.describe(min_agreement, tolerance) if entry else f"{precision}: not measured by this model's gate"
     reference = measured.get("fp32")
     fp32_speed = f"; fp32 {reference.ms_per_batch:.1f} ms per batch" if reference and reference.ms_per_batch else ""
@@ -226,7 +287,8 @@ def activate(precision: str) -> None:
     import torch
 
     _check(precision, "precision")
-    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if precision == "bf16" else "none"  # none: torch's default
+    # none: torch's default (ONNX Runtime pairs leave torch at fp32: it only pads and ranks around them)
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16" if precision == "bf16" else "none"
 
 
 def process_environment(precision: str) -> dict[str, str]:
@@ -236,9 +298,12 @@ def process_environment(precision: str) -> dict[str, str]:
 
 
 def apply(model, precision: str):
-    """The model at `precision` (bf16 weights, torchao dynamic int8, or as is), with the math mode set for it."""
+    """The torch model at `precision` (bf16 weights, torchao dynamic int8, or as is), with the math mode set for it.
+    ONNX Runtime pairs do not convert a torch model: `load_engine` builds them from the exported graph."""
     import torch
 
+    if precision in ONNX_PRECISIONS:
+        raise ValueError(f"{precision} runs on ONNX Runtime, not on a converted torch model: use load_engine")
     activate(precision)
     if precision == "bf16":
         return model.to(torch.bfloat16)
@@ -247,3 +312,26 @@ def apply(model, precision: str):
 
         quantize_(model, Int8DynamicActivationInt8WeightConfig())  # every nn.Linear, in place
     return model
+
+
+def load_engine(model_dir: Path, precision: str, *, threads: int, replicas: int = 1,
+                onnx_dir: Path | None = None):
+    """What the handler calls as `model.model(**batch)` for `precision`, and the model's config: the torch
+    classifier converted by `apply`, or ONNX Runtime sessions on the exported graph (`onnx_dir`: where the gate
+    finds graphs exported beside a model directory; the archive's own `onnx/` otherwise)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    _check(precision, "precision")
+    if precision in ONNX_PRECISIONS:
+        activate(precision)
+        path = onnx_engine.graph_path(model_dir, precision, onnx_dir)
+        missing = onnx_engine.missing_reason(model_dir, precision, onnx_dir)
+        if missing:
+            raise RuntimeError(f"{precision}: {missing}")
+        return (onnx_engine.OnnxClassifier(path, threads=threads, replicas=replicas),
+                AutoConfig.from_pretrained(model_dir))
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    model = apply(model, precision)
+    return model, model.config

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from inference.sentiment import benchmark_server, local_stack
+from inference.sentiment import precision as precisions
 from inference.sentiment.server import local
 
 pytestmark = pytest.mark.servers  # starts our servers (the toolkit row also needs torchserve): the servers lane
@@ -69,8 +70,9 @@ def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_ro
             assert float(row[5]) >= float(row[4]) > 0  # p99 >= p50
     # The gate ran while training.package built the archive; its figures are printed from the archive's record.
     assert re.search(r"^accuracy gate on \d+ held-out texts", out, re.M)
-    assert re.search(r"^  bf16: labels agree \d+\.\d% \(need >= 99%\), .*: PASS$", out, re.M)
-    assert re.search(r"^chosen: (fp32|bf16|int8) \(the fastest that passed\)$", out, re.M)  # timing decides
+    assert re.search(r"^  torch bf16 weights +bf16: labels agree \d+\.\d% \(need >= 99%\), .*: PASS$", out, re.M)
+    # timing decides, among torch's and ONNX Runtime's pairs
+    assert re.search(r"^chosen: (fp32|bf16|int8|onnx-fp32|onnx-int8) \(.+, the fastest that passed\)$", out, re.M)
     assert "precision for the gate's row: bf16 (--precision; gate: passed)" in out
     assert re.search(r"^goal: server-bf16 at c8 = \d+\.\d\dx toolkit-default's requests/s .*: (NOT )?MET$", out, re.M)
 
@@ -158,7 +160,7 @@ def test_the_gate_record_is_read_from_the_archive_training_package_built(model_d
     package.build(model_dir, gated, gate_rounds=1)
     record = benchmark_server.gate_record(gated)
     assert record == package.read_archive_record(gated)
-    assert record["precision"] in ("fp32", "bf16", "int8")
+    assert record["precision"] in precisions.PRECISIONS
     plain = tmp_path / "plain.tar.gz"
     package.build(model_dir, plain, gate=False)
     with pytest.raises(RuntimeError, match=re.escape("plain.tar.gz: no precision.json; training.package ran no gate")):

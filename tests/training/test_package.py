@@ -130,7 +130,10 @@ def test_packaging_records_the_gates_choice_and_figures(trained, tmp_path):
     package.build(model, output, gate_rounds=1, progress=lines.append)
     record = package.read_archive_record(output)
     assert record["precision"] in precision.PRECISIONS and record["figures"] != {}
-    assert set(record["figures"]) == {"fp32", "bf16", "int8"}
+    assert set(record["figures"]) == set(precision.PRECISIONS)  # every (engine, precision) pair, ONNX Runtime's too
+    with tarfile.open(output, "r:gz") as tar:
+        assert {"onnx/model.fp32.onnx", "onnx/model.int8.onnx", "onnx/export.json"} <= set(tar.getnames())
+    assert record["figures"]["onnx-fp32"]["max_change"] < 1e-4 and record["figures"]["onnx-fp32"]["passed"]
     fp32 = record["figures"]["fp32"]
     assert fp32["agreement"] == 1.0 and fp32["max_change"] == 0.0 and fp32["ms_per_batch"] > 0 and fp32["passed"]
     for name, figures in record["figures"].items():

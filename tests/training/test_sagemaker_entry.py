@@ -116,8 +116,11 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
     from inference.sentiment import precision
 
     record = precision.read_record(model_dir)
-    assert set(record["figures"]) == {"fp32", "bf16", "int8"} and "fp32" in record["accuracy"]["passed"]
-    assert set(record["speed"]["ms_per_batch"]) <= {"fp32", "bf16", "int8"} and record["gate"]["rounds"] == 1
+    assert set(record["figures"]) == set(precision.PRECISIONS) and "fp32" in record["accuracy"]["passed"]
+    assert set(record["speed"]["ms_per_batch"]) <= set(precision.PRECISIONS) and record["gate"]["rounds"] == 1
+    # ... and the same ONNX graphs beside it (issue 35), which the gate measured
+    assert {"onnx/model.fp32.onnx", "onnx/model.int8.onnx", "onnx/export.json"} <= names
+    assert record["figures"]["onnx-fp32"]["passed"] and record["gate"]["onnx_export"]["graphs"]
     assert record["speed"]["measured_on"]["bf16_instructions"] in (True, False)
     # SageMaker tars /opt/ml/model as is; the packaging checks accept that archive.
     archive = tmp_path / "model.tar.gz"

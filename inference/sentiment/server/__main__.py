@@ -116,7 +116,7 @@ class Server:
 
         config = self.config
         self.loaded = loaded = models.load(config.model_dir, threads=config.threads,
-                                           precision_override=config.precision)
+                                           precision_override=config.precision, replicas=config.workers)
 
         def run_batch(items):
             return models.predict(items, loaded)
@@ -226,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="longest wait for accepted requests after SIGTERM (default: SENTIMENT_DRAIN_SECONDS, "
                             "else 22; at most 24)")
     serve.add_argument("--precision", default=None,
-                       help="override the model's recorded precision (default: SENTIMENT_PRECISION, else the record)")
+                       help="override the model's recorded (engine, precision) pair: one of "
+                            f"{', '.join(precision.PRECISIONS)} (onnx-*: ONNX Runtime; default: SENTIMENT_PRECISION, "
+                            "else the record)")
     return parser
 
 

@@ -5,9 +5,14 @@ handler's `model_fn` reads them. The archive's `code/` folder (handler, TorchSer
 wheels) is not used: the image carries our handler (`inference.sentiment.inference`) and every Python
 dependency, so nothing is imported from the archive or installed at start-up.
 
-Precision comes from `inference.sentiment.precision.choose`: the fastest precision that passed the accuracy gate
-recorded in the model directory and that this CPU runs (bf16 only with bf16 instructions), unless the endpoint
-overrides it (`SENTIMENT_PRECISION`); fp32 for a model without a record. The server logs the choice and why.
+The engine and precision come from `inference.sentiment.precision.choose`: the fastest (engine, precision) pair that
+passed the accuracy gate recorded in the model directory and that this CPU and archive run (bf16 only with bf16
+instructions; ONNX Runtime only where the archive carries its exported graph), unless the endpoint overrides it
+(`SENTIMENT_PRECISION`); torch fp32 for a model without a record. The server logs the choice and why. An ONNX
+Runtime pair sits behind the handler's forward-pass seam (`model.model(**batch).logits`,
+`inference.sentiment.onnx_engine.OnnxClassifier`), so nothing below this module knows which engine runs; if its
+session cannot be built, a chosen (not overridden) ONNX Runtime pair gives way to the best torch pair, with a
+warning line saying why.
 
 Each request is tokenized once when it arrives (`encode`: its token count is what the queue budgets); the
 requests of a batch then go through the handler's own forward-pass plan (`predict_encoded`: length-sorted
@@ -44,10 +49,11 @@ class ModelDirError(ValueError):
     """The model directory holds no model; one line for the user."""
 
 
-def load(model_dir: Path, *, threads: int, precision_override: str | None = None) -> LoadedModel:
-    """Tokenizer and classifier from the directory's root, at the chosen precision, warmed up once."""
+def load(model_dir: Path, *, threads: int, precision_override: str | None = None, replicas: int = 1) -> LoadedModel:
+    """Tokenizer and classifier from the directory's root, at the chosen pair, warmed up once (`replicas`: the
+    replica threads that will call it; an ONNX Runtime pair gives each its own session)."""
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a loading bar per worker start is noise in the endpoint's log
@@ -60,15 +66,28 @@ def load(model_dir: Path, *, threads: int, precision_override: str | None = None
     chosen = precisions.choose(model_dir, precision_override)
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    model = precisions.apply(model, chosen)
+    try:
+        sentiment = _ready(model_dir, chosen, tokenizer, threads, replicas)
+    except Exception as error:
+        if precision_override or chosen not in precisions.ONNX_PRECISIONS:
+            raise
+        fallback, why = precisions.choose_explained(model_dir, None, torch_only=True)
+        LOG.warning("precision %s could not start (%s: %s); serving %s instead: %s", chosen, type(error).__name__,
+                    str(error).splitlines()[0] if str(error) else "", fallback, why)
+        chosen = fallback
+        sentiment = _ready(model_dir, chosen, tokenizer, threads, replicas)
+    return LoadedModel(sentiment, chosen, time.perf_counter() - started, model_dir)
+
+
+def _ready(model_dir: Path, chosen: str, tokenizer, threads: int, replicas: int) -> handler.SentimentModel:
+    """The handler's model object for one pair, after one warm-up pass through the handler."""
+    model, config = precisions.load_engine(model_dir, chosen, threads=threads, replicas=replicas)
     sentiment = handler.SentimentModel(
-        model=model, tokenizer=tokenizer, labels=handler.label_names(model.config.id2label),
-        max_length=handler.max_input_length(tokenizer, model.config), threads=threads,
+        model=model, tokenizer=tokenizer, labels=handler.label_names(config.id2label),
+        max_length=handler.max_input_length(tokenizer, config), threads=threads,
     )
     handler.predict_fn(handler.Request(_WARMUP_TEXTS), sentiment)
-    return LoadedModel(sentiment, chosen, time.perf_counter() - started, model_dir)
+    return sentiment
 
 
 def warm_up(loaded: LoadedModel) -> None:

@@ -1,0 +1,129 @@
+"""ONNX Runtime behind the handler's forward-pass seam: the graphs `training.package` exported, run the way the
+server runs torch.
+
+`inference.sentiment.inference.predict_encoded` calls `model.model(**batch).logits` on a batch of padded torch
+tensors. `OnnxClassifier` has that call shape: it feeds the graph the inputs it was exported with and returns an
+object whose `.logits` is a torch tensor, so the batcher, the queue and the bucket plan do not know which engine
+runs. Nothing is exported, optimised to disk or downloaded here: the archive carries the graphs
+(`onnx/model.fp32.onnx`, `onnx/model.int8.onnx`, written by `inference.sentiment.onnx_export` at package time)
+and ONNX Runtime builds its session from them at start.
+
+Sessions: the CPU execution provider; intra-op threads = the replica's threads (the server's OMP_NUM_THREADS),
+inter-op 1, idle threads sleep instead of spinning (the server sets OMP_WAIT_POLICY=PASSIVE for torch for the same
+reason: spinning workers starved the event loop on 2 vCPUs). One session per replica: torch gives each calling
+thread its own OpenMP team, and so does this, where one shared session would make concurrent replicas take turns
+on one thread pool.
+
+This module imports only the standard library at import time (the server decides its engine before importing
+torch or ONNX Runtime).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import queue
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ONNX_DIR = "onnx"
+# Which graph each ONNX Runtime pair of `inference.sentiment.precision` runs.
+GRAPHS = {"onnx-fp32": "model.fp32.onnx", "onnx-int8": "model.int8.onnx"}
+MANIFEST = "export.json"
+OUTPUT = "logits"
+
+
+def runtime_installed() -> bool:
+    """Whether ONNX Runtime can be imported here, without importing it."""
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+def graph_path(model_dir: Path, precision: str, onnx_dir: Path | None = None) -> Path:
+    """Where `precision`'s graph lives for this model (`<model_dir>/onnx/` unless the gate was given another)."""
+    return Path(onnx_dir if onnx_dir is not None else Path(model_dir) / ONNX_DIR) / GRAPHS[precision]
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """The export's own record (what was exported, with which versions, or why not); None without one."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return {"error": f"{path} does not parse"}
+
+
+def missing_reason(model_dir: Path, precision: str, onnx_dir: Path | None = None) -> str | None:
+    """Why `precision`'s graph cannot run here (None when it can): no graph in the model (packaged before the
+    export, or the export failed: its recorded reason), or no ONNX Runtime in this environment."""
+    directory = Path(onnx_dir if onnx_dir is not None else Path(model_dir) / ONNX_DIR)
+    if not graph_path(model_dir, precision, onnx_dir).is_file():
+        manifest = read_manifest(directory) or {}
+        failure = (manifest.get("errors") or {}).get(precision) or manifest.get("error")
+        if failure:
+            return f"no {ONNX_DIR}/{GRAPHS[precision]}: the export failed at packaging ({failure})"
+        return f"no {ONNX_DIR}/{GRAPHS[precision]} in the model (packaged before ONNX export)"
+    if not runtime_installed():
+        return "onnxruntime is not installed in this environment"
+    return None
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a transformers classifier's forward returns, as far as the handler reads it."""
+
+    logits: Any
+
+
+class OnnxClassifier:
+    """A sequence classifier run by ONNX Runtime, called like the transformers model it was exported from."""
+
+    def __init__(self, path: Path, *, threads: int, replicas: int = 1):
+        import onnxruntime
+
+        self.path = Path(path)
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3  # errors only: its warnings about unused initialisers are noise per start
+        self._sessions: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(max(1, replicas)):
+            session = onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+            self._sessions.put(session)
+        self.input_names = tuple(entry.name for entry in session.get_inputs())
+        self.threads = threads
+        self.replicas = max(1, replicas)
+
+    def __call__(self, **batch) -> Output:
+        import torch
+
+        missing = [name for name in self.input_names if name not in batch]
+        if missing:
+            raise ValueError(f"{self.path.name} takes {', '.join(self.input_names)}; the batch lacks "
+                             f"{', '.join(missing)}")
+        feed = {name: _as_int64(batch[name]) for name in self.input_names}
+        session = self._sessions.get()  # one replica's session; another replica runs its own meanwhile
+        try:
+            (logits,) = session.run([OUTPUT], feed)
+        finally:
+            self._sessions.put(session)
+        return Output(torch.from_numpy(logits))
+
+    def eval(self) -> OnnxClassifier:  # what callers of a torch module may do; a session has no training mode
+        return self
+
+    def __repr__(self) -> str:
+        return f"OnnxClassifier({self.path}, threads={self.threads}, replicas={self.replicas})"
+
+
+def _as_int64(value):
+    import numpy
+
+    if hasattr(value, "numpy"):
+        value = value.detach().cpu().numpy()
+    return numpy.ascontiguousarray(value, dtype=numpy.int64)

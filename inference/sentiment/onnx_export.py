@@ -1,0 +1,209 @@
+"""Package-time ONNX export: an fp32 graph and a dynamically quantised int8 graph of a saved classifier.
+
+`training.package` calls `export(model_dir, onnx_dir)` before the accuracy gate; the gate then measures the
+graphs as the ONNX Runtime pairs (`onnx-fp32`, `onnx-int8`) beside torch's, and the archive carries them in
+`onnx/` with `onnx/export.json`: what was exported, with which versions, and why anything was not. A model that
+does not export still packages and serves on torch: `export` never raises for the model's sake, it records the
+reason and logs it in one line (`LOG`), and the gate then fails that pair "not measured".
+
+How:
+- fp32: `torch.onnx.export(..., dynamo=False, opset_version=17)`, the TorchScript-based exporter (the
+  torch.export-based one needs onnxscript, which the training image does not carry; torch 2.13 warns that the
+  legacy exporter is deprecated). Inputs are the tokenizer's `model_input_names` that the model's forward takes
+  (RoBERTa, DistilBERT: input_ids, attention_mask; BERT adds token_type_ids), int64, with dynamic batch and
+  sequence axes; the output is `logits`. The module is wrapped for export and the wrapper put in eval mode: the
+  exporter restores the wrapper's training flag afterwards, recursively, so a wrapper left in its default
+  training mode would turn the model's dropout back on (a reference computed after such an export differs from
+  the graph by the dropout noise, which once looked like a wrong export).
+- int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, graph
+  optimisation, ONNX shape inference), then `quantize_dynamic(..., weight_type=QuantType.QInt8, reduce_range=True)`:
+  int8 weights (7-bit range: `REDUCE_RANGE`), activations quantised per batch at run time. Symbolic shape
+  inference runs with `auto_merge`; if it still fails the pre-processing is retried without it (recorded in
+  export.json's `int8.pre_process`).
+- check: the fp32 graph is run once by ONNX Runtime on the export's own example batch and its largest logit
+  difference from torch recorded (`fp32_max_logit_difference`); the gate's figures are what decide.
+
+Needs `onnx` and `onnxruntime` (training/requirements.txt); the serving image needs only `onnxruntime`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from inference.sentiment.onnx_engine import GRAPHS, MANIFEST, OUTPUT
+
+LOG = logging.getLogger(__name__)
+OPSET = 17
+EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False)"
+# Texts of different lengths, so the example batch carries padding and a real attention mask.
+EXAMPLE_TEXTS = ("An example text to trace the graph with, long enough to need some padding next to it.", "Short.")
+EXAMPLE_MAX_TOKENS = 16
+# 7-bit int8 weights. ONNX Runtime's guidance (onnxruntime 1.32.0, onnxruntime/quantization/quantize.py,
+# quantize_static's "Choosing parameters for CPU inference"): x86 without VNNI should use reduce_range=True, because
+# its u8 x s8 kernel (VPMADDUBSW) can saturate; VNNI and Arm do not need it. The graph is made once, at package
+# time, and its gate result must hold on whatever CPU serves it (the record's accuracy is CPU-independent), so it is
+# made safe for all: the trained tiny model's int8 moved a probability by 0.0733 (FAIL) with 8-bit weights on a
+# Zen 2 (AVX2, no VNNI), by 0.0182 (PASS) with 7-bit.
+REDUCE_RANGE = True
+
+Progress = Callable[[str], None]
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+
+    found = {}
+    for name in ("torch", "transformers", "onnx", "onnxruntime"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _short(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300]}" if text else type(error).__name__
+
+
+def input_names(model, tokenizer) -> list[str]:
+    """The tokenizer's inputs that the model's forward accepts, in the tokenizer's order."""
+    accepted = set(inspect.signature(model.forward).parameters)
+    names = [name for name in tokenizer.model_input_names if name in accepted]
+    if "input_ids" not in names:
+        raise ValueError(f"the tokenizer's inputs {tokenizer.model_input_names} give the model no input_ids")
+    return names
+
+
+def export_fp32(model, tokenizer, path: Path) -> tuple[list[str], float]:
+    """Write the fp32 graph; return (its input names, its largest logit difference from torch on the example)."""
+    import numpy
+    import onnxruntime
+    import torch
+
+    from inference.sentiment.inference import max_input_length
+
+    names = input_names(model, tokenizer)
+    # Truncated like the handler truncates (a model trained with short inputs has few position embeddings).
+    limit = min(EXAMPLE_MAX_TOKENS, max_input_length(tokenizer, model.config))
+    example = tokenizer(list(EXAMPLE_TEXTS), padding=True, truncation=True, max_length=limit, return_tensors="pt")
+    tensors = tuple(example[name].to(torch.int64) for name in names)
+
+    class Logits(torch.nn.Module):
+        """Positional inputs in, logits out: the graph's whole interface."""
+
+        def __init__(self, classifier):
+            super().__init__()
+            self.classifier = classifier
+
+        def forward(self, *inputs):
+            return self.classifier(**dict(zip(names, inputs, strict=True))).logits
+
+    wrapper = Logits(model).eval()  # see the module's docstring: the exporter restores this flag recursively
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names} | {OUTPUT: {0: "batch"}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and the tracer's warnings, per layer
+        torch.onnx.export(wrapper, tensors, str(path), dynamo=False, opset_version=OPSET, input_names=names,
+                          output_names=[OUTPUT], dynamic_axes=dynamic, do_constant_folding=True)
+    model.eval()
+    with torch.inference_mode():
+        reference = model(**{name: tensor for name, tensor in zip(names, tensors, strict=True)}).logits.float()
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # The exporter drops an input the graph never reads (DeBERTa-v3 without token types: token_type_ids).
+    used = [entry.name for entry in session.get_inputs()]
+    feed = {name: tensor.numpy() for name, tensor in zip(names, tensors, strict=True) if name in used}
+    (logits,) = session.run([OUTPUT], feed)
+    return used, float(numpy.abs(logits - reference.numpy()).max())
+
+
+def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
+    """Pre-process as ONNX Runtime recommends, then dynamic int8 with QInt8 weights; returns what was done."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    fp32_path, path, scratch = Path(fp32_path).resolve(), Path(path).resolve(), Path(scratch).resolve()
+    prepared = scratch / "model.pre.onnx"
+    done = {"method": f"quantize_dynamic(weight_type=QInt8, reduce_range={REDUCE_RANGE}) after quant_pre_process"}
+    # In the scratch folder: symbolic shape inference that gives up saves its partial model as
+    # sym_shape_infer_temp.onnx plus external data files into the current directory (onnxruntime 1.32.0,
+    # onnxruntime/tools/symbolic_shape_infer.py, SymbolicShapeInference.infer_shapes).
+    with contextlib.chdir(scratch):
+        try:
+            # auto_merge: symbolic shape inference merges conflicting symbolic dimensions instead of giving up (its
+            # own advice, e.g. for BERT's and DistilBERT's attention masks)
+            quant_pre_process(str(fp32_path), str(prepared), auto_merge=True)
+            done["pre_process"] = "quant_pre_process(auto_merge=True)"
+        except Exception as error:
+            done["pre_process"] = f"quant_pre_process(skip_symbolic_shape=True) after {_short(error)}"
+            quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
+        quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8, reduce_range=REDUCE_RANGE)
+    return done
+
+
+def export(model_dir: Path, onnx_dir: Path, *, progress: Progress | None = None) -> dict:
+    """Export `model_dir`'s classifier into `onnx_dir` (fp32 and int8 graphs, and export.json); returns the
+    manifest. Never raises for the model's sake: a failure is recorded (`error` / `errors`) and logged."""
+    say = progress or (lambda line: None)
+    onnx_dir = Path(onnx_dir)
+    onnx_dir.mkdir(parents=True, exist_ok=True)
+    for name in (*GRAPHS.values(), MANIFEST):
+        (onnx_dir / name).unlink(missing_ok=True)
+    manifest: dict = {"exporter": EXPORTER, "opset": OPSET, "versions": _versions(), "graphs": {}, "errors": {}}
+    started = time.perf_counter()
+    fp32_path = onnx_dir / GRAPHS["onnx-fp32"]
+    try:
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        say(f"onnx: exporting {model_dir} to {fp32_path.name} (opset {OPSET})")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+        manifest["architecture"] = (model.config.architectures or [type(model).__name__])[0]
+        names, difference = export_fp32(model, tokenizer, fp32_path)
+        manifest.update(inputs=names, fp32_max_logit_difference=difference)
+        manifest["graphs"]["onnx-fp32"] = GRAPHS["onnx-fp32"]
+        del model
+    except Exception as error:
+        fp32_path.unlink(missing_ok=True)
+        manifest["error"] = _short(error)
+        manifest["seconds"] = round(time.perf_counter() - started, 1)
+        _write(onnx_dir, manifest)
+        LOG.warning("onnx export of %s failed, the model serves on torch: %s", model_dir, manifest["error"])
+        return manifest
+    say(f"onnx: fp32 graph written ({fp32_path.stat().st_size / 2**20:.1f} MiB, largest logit difference from "
+        f"torch {difference:.2e}); quantizing to int8")
+    int8_path = onnx_dir / GRAPHS["onnx-int8"]
+    with tempfile.TemporaryDirectory(prefix="onnx-quant-") as scratch:
+        try:
+            manifest["int8"] = quantize_int8(fp32_path, int8_path, Path(scratch))
+            manifest["graphs"]["onnx-int8"] = GRAPHS["onnx-int8"]
+        except Exception as error:
+            int8_path.unlink(missing_ok=True)
+            manifest["errors"]["onnx-int8"] = _short(error)
+            LOG.warning("onnx int8 quantization of %s failed (the fp32 graph and torch still serve): %s", model_dir,
+                        manifest["errors"]["onnx-int8"])
+    manifest["seconds"] = round(time.perf_counter() - started, 1)
+    _write(onnx_dir, manifest)
+    say(f"onnx: exported {', '.join(manifest['graphs'])} in {manifest['seconds']} s")
+    return manifest
+
+
+def _write(onnx_dir: Path, manifest: dict) -> None:
+    (onnx_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def copy_graphs(source: Path, target: Path) -> None:
+    """The exported files (graphs and manifest) from one folder into another."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in (*GRAPHS.values(), MANIFEST):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
