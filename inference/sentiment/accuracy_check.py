@@ -178,9 +178,7 @@ def _machine() -> dict:
     except ImportError:
         pass
     if onnx_engine.runtime_installed():
-        import onnxruntime
-
-        described["onnxruntime"] = onnxruntime.__version__
+        described["onnxruntime"] = onnx_engine.import_runtime().__version__
     return described
 
 

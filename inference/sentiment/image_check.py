@@ -25,6 +25,8 @@ import struct
 import sys
 from pathlib import Path
 
+from inference.sentiment.onnx_engine import import_runtime
+
 PROG = "python -m inference.sentiment.image_check"
 MODULES = ("transformers", "tokenizers", "safetensors", "torchao", "uvicorn", "starlette",
            "inference.sentiment.inference", "inference.sentiment.precision", "inference.sentiment.cpu_features",
@@ -81,7 +83,7 @@ def matmul_graph(rows: int = 8, cols: int = 4, weight: float = 0.25, opset: int 
 def onnxruntime_problems(expected: str | None) -> tuple[list[str], str]:
     """(what is wrong with onnxruntime, a summary of what was found)."""
     try:
-        import onnxruntime
+        onnxruntime = import_runtime()
     except ImportError as error:
         return [f"onnxruntime does not import: {error}"], "onnxruntime missing"
     found: list[str] = []

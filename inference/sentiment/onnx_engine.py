@@ -14,24 +14,41 @@ reason: spinning workers starved the event loop on 2 vCPUs). One session per rep
 thread its own OpenMP team, and so does this, where one shared session would make concurrent replicas take turns
 on one thread pool.
 
+ONNX Runtime's telemetry is off wherever our code imports it (`import_runtime`). Its Linux wheels (1.32.0) collect
+usage telemetry by default for upload to Microsoft: importing onnxruntime writes a persistent device id and an event
+database under ~/.cache/Microsoft/DeveloperTools/.onnxruntime and a `.ses` file into TMPDIR (seen here, and in
+microsoft/onnxruntime#32476). An endpoint, a training instance or a test run has no business sending that, so
+`ORT_DISABLE_TELEMETRY=1` (the variable the 1.32.0 library reads: `strings` on its `onnxruntime_pybind11_state`
+module) is set before the first import unless the environment already sets it; the serving image sets it too.
+
 This module imports only the standard library at import time (the server decides its engine before importing
 torch or ONNX Runtime).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
+import os
 import queue
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ONNX_DIR = "onnx"
+TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
 # Which graph each ONNX Runtime pair of `inference.sentiment.precision` runs.
 GRAPHS = {"onnx-fp32": "model.fp32.onnx", "onnx-int8": "model.int8.onnx"}
 MANIFEST = "export.json"
 OUTPUT = "logits"
+
+
+def import_runtime(module: str = "onnxruntime"):
+    """`module` (onnxruntime or one of its submodules), imported with ONNX Runtime's telemetry off (module docstring).
+    The library reads the variable when it first loads, so every import of ours goes through here."""
+    os.environ.setdefault(TELEMETRY_ENV, "1")
+    return importlib.import_module(module)
 
 
 def runtime_installed() -> bool:
@@ -81,7 +98,7 @@ class OnnxClassifier:
     """A sequence classifier run by ONNX Runtime, called like the transformers model it was exported from."""
 
     def __init__(self, path: Path, *, threads: int, replicas: int = 1):
-        import onnxruntime
+        onnxruntime = import_runtime()
 
         self.path = Path(path)
         options = onnxruntime.SessionOptions()

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from inference.sentiment.onnx_engine import GRAPHS, MANIFEST, OUTPUT
+from inference.sentiment.onnx_engine import GRAPHS, MANIFEST, OUTPUT, import_runtime
 
 LOG = logging.getLogger(__name__)
 OPSET = 17
@@ -87,8 +87,9 @@ def input_names(model, tokenizer) -> list[str]:
 def export_fp32(model, tokenizer, path: Path) -> tuple[list[str], float]:
     """Write the fp32 graph; return (its input names, its largest logit difference from torch on the example)."""
     import numpy
-    import onnxruntime
     import torch
+
+    onnxruntime = import_runtime()
 
     from inference.sentiment.inference import max_input_length
 
@@ -127,8 +128,9 @@ def export_fp32(model, tokenizer, path: Path) -> tuple[list[str], float]:
 
 def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
     """Pre-process as ONNX Runtime recommends, then dynamic int8 with QInt8 weights; returns what was done."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    quantization = import_runtime("onnxruntime.quantization")
+    QuantType, quantize_dynamic = quantization.QuantType, quantization.quantize_dynamic
+    quant_pre_process = import_runtime("onnxruntime.quantization.shape_inference").quant_pre_process
 
     fp32_path, path, scratch = Path(fp32_path).resolve(), Path(path).resolve(), Path(scratch).resolve()
     prepared = scratch / "model.pre.onnx"

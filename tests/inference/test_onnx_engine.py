@@ -361,3 +361,35 @@ def test_the_image_server_serves_an_onnx_pair_through_its_real_request_path(expo
         assert status == 200
         assert [row["label"] for row in rows] == [row["label"] for row in expected_rows]
         assert all(abs(got["score"] - want["score"]) < 1e-4 for got, want in zip(rows, expected_rows, strict=True))
+
+
+def _files_after_import(tmp_path: Path, name: str, code: str, environment: dict[str, str]) -> list[str]:
+    """Every file a fresh interpreter leaves in its own empty HOME and TMPDIR after running `code`."""
+    import subprocess
+    import sys
+
+    home, temp = tmp_path / name / "home", tmp_path / name / "tmp"
+    home.mkdir(parents=True)
+    temp.mkdir()
+    env = {key: value for key, value in os.environ.items() if key != onnx_engine.TELEMETRY_ENV}
+    env |= {"HOME": str(home), "TMPDIR": str(temp), **environment}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True, timeout=120)
+    return sorted(str(path.relative_to(tmp_path / name)) for path in (tmp_path / name).rglob("*") if path.is_file())
+
+
+def test_onnx_runtime_telemetry_is_off_wherever_our_code_imports_it(tmp_path):
+    """ONNX Runtime 1.32.0's own behaviour on a plain import (the control): a device id and an event database in the
+    home directory and a `.ses` file in TMPDIR, its usage telemetry. Through `onnx_engine.import_runtime`, with a
+    session built and run as the server builds it, nothing is written."""
+    plain = _files_after_import(tmp_path, "plain", "import onnxruntime", {})
+    assert "tmp/.ses" in plain and any(path.endswith("deviceid") for path in plain), plain
+    ours = ("from inference.sentiment.image_check import matmul_graph, ONNX_PROVIDER\n"
+            "from inference.sentiment.onnx_engine import import_runtime\n"
+            "ort = import_runtime()\n"
+            "import numpy\n"
+            "session = ort.InferenceSession(matmul_graph(), providers=[ONNX_PROVIDER])\n"
+            "session.run(None, {session.get_inputs()[0].name: numpy.ones((2, 8), numpy.float32)})\n"
+            "import_runtime('onnxruntime.quantization')\n")
+    assert _files_after_import(tmp_path, "ours", ours, {}) == []
+    # A user who sets the variable themselves keeps their choice.
+    assert "tmp/.ses" in _files_after_import(tmp_path, "opted-in", ours, {onnx_engine.TELEMETRY_ENV: "0"})
