@@ -17,7 +17,8 @@ on one thread pool.
 ONNX Runtime's telemetry is off wherever our code imports it (`import_runtime`). Its Linux wheels (1.32.0) collect
 usage telemetry by default for upload to Microsoft: importing onnxruntime writes a persistent device id and an event
 database under ~/.cache/Microsoft/DeveloperTools/.onnxruntime and a `.ses` file into TMPDIR (seen here, and in
-microsoft/onnxruntime#32476), unless it detects CI (CI, GITHUB_ACTIONS, CODEBUILD_BUILD_ID, ...). An endpoint, a training instance or a test run has no business sending that, so
+microsoft/onnxruntime#32476), unless it detects CI (CI, GITHUB_ACTIONS, CODEBUILD_BUILD_ID, ...). An endpoint, a
+training instance or a test run has no business sending that, so
 `ORT_DISABLE_TELEMETRY=1` (the variable the 1.32.0 library reads: `strings` on its `onnxruntime_pybind11_state`
 module) is set before the first import unless the environment already sets it; the serving image sets it too.
 

@@ -366,8 +366,8 @@ def test_the_image_server_serves_an_onnx_pair_through_its_real_request_path(expo
 # The variables by which ONNX Runtime 1.32.0 decides it runs in CI and then collects nothing (the names sit next to each
 # other in its `onnxruntime_pybind11_state` module's strings; microsoft/onnxruntime#27379 "IsRunningInCI"). Our CI sets
 # CI=true, so the control below takes them out to see what a user's machine or an endpoint would get.
-CI_MARKERS = ("CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI", "CIRCLECI", "TRAVIS", "JENKINS_URL", "CODEBUILD_BUILD_ID",
-              "BUILDKITE", "TEAMCITY_VERSION", "APPVEYOR", "BITBUCKET_BUILD_NUMBER")
+CI_MARKERS = ("CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI", "CIRCLECI", "TRAVIS", "JENKINS_URL",
+              "CODEBUILD_BUILD_ID", "BUILDKITE", "TEAMCITY_VERSION", "APPVEYOR", "BITBUCKET_BUILD_NUMBER")
 
 
 def _files_after_import(tmp_path: Path, name: str, code: str, environment: dict[str, str]) -> list[str]:
