@@ -30,7 +30,8 @@ def run(tmp_path_factory):
     ids = tokenizer(split["text"][:ROWS], truncation=True, max_length=32)["input_ids"]
     dataset = Dataset.from_dict({"input_ids": ids, "labels": split["label"][:ROWS]})
 
-    seen = {"num_parameters": 0, "train_walks": [], "steps": [], "not_training": []}
+    seen = {"num_parameters": 0, "train_walks": [], "steps": [], "not_training": [], "parameter_walks": 0,
+            "walks_at_step_end": [], "gradients_left": []}
     count_parameters = model.num_parameters
 
     def num_parameters(*args, **kwargs):
@@ -43,14 +44,24 @@ def run(tmp_path_factory):
         seen["train_walks"].append(mode)
         return walk(mode)
 
+    parameters = type(model).parameters.__get__(model)
+
+    def parameter_walk(*args, **kwargs):  # nn.Module.zero_grad walks `self.parameters()` at every call
+        seen["parameter_walks"] += 1
+        return parameters(*args, **kwargs)
+
     # Instance attributes, as the Trainer (no compile, one process) calls them on this very object.
     vars(model)["num_parameters"] = num_parameters
     vars(model)["train"] = train
+    vars(model)["parameters"] = parameter_walk
 
     class Watch(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             seen["steps"].append(state.global_step)
             seen["not_training"] += [name for name, module in model.named_modules() if not module.training]
+            # After the optimizer step and `model.zero_grad()`: how often the parameters were walked so far.
+            seen["walks_at_step_end"].append(seen["parameter_walks"])
+            seen["gradients_left"].append(sum(p.grad is not None for p in parameters()))
 
     collator = speed.BucketCollator(tokenizer.pad_token_id, [16, 32])
     args = TrainingArguments(output_dir=str(tmp_path_factory.mktemp("step-path")), per_device_train_batch_size=BATCH,
@@ -83,6 +94,68 @@ def test_train_mode_is_set_only_after_evaluation_and_every_step_trains_in_train_
     # after the evaluation between the epochs walks the modules; the evaluations put it in eval mode.
     assert seen["train_walks"] == [False, True, False], seen["train_walks"]
     assert seen["not_training"] == []  # yet every step ran with every module in training mode
+
+
+def test_gradients_are_cleared_at_every_step_without_walking_the_modules(run):
+    trainer, _, seen, _ = run
+    assert seen["gradients_left"] == [0] * len(seen["steps"])
+    # transformers 5.20 calls `model.zero_grad()` (a walk over `parameters()`) after every optimizer step; from the
+    # second step of each epoch on, nothing walks the parameters any more (the first step's walks: the clipping's
+    # one-time check, and the train/eval switch after an evaluation).
+    walks = seen["walks_at_step_end"]
+    per_epoch = len(walks) // EPOCHS
+    for epoch in range(EPOCHS):
+        later_steps = walks[epoch * per_epoch + 1: (epoch + 1) * per_epoch]
+        assert len(set(later_steps)) == 1, walks
+    assert "zero_grad" not in vars(trainer.model_wrapped)  # the list version is gone after train()
+
+
+def test_zero_grad_by_list_clears_like_the_module_walk_and_zeroes_through_it():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    model(torch.ones(4, 3)).sum().backward()
+    zero_grad = speed.zero_grad_by_list(model)
+    zero_grad(set_to_none=False)  # the walk, as nn.Module.zero_grad(set_to_none=False)
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    zero_grad()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_clipping_equals_accelerates_and_falls_back_where_it_does_not_apply(run):
+    """RecipeTrainer's clipping gives accelerate's norm and clipped gradients exactly (the tiny model, one dtype);
+    with parameters of two dtypes it leaves the work to transformers and accelerate."""
+    import copy
+
+    import torch
+
+    trainer, _, _, _ = run
+
+    def copied():  # without the fixture's spies, whose `parameters` would still walk the original model
+        model = copy.deepcopy(trainer.model_wrapped)
+        for spy in ("parameters", "train", "num_parameters"):
+            vars(model).pop(spy, None)
+        return model
+
+    model, twin = copied(), copied()
+    generator = torch.Generator().manual_seed(0)
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        p.grad = torch.randn(p.shape, generator=generator) * 10
+        q.grad = p.grad.clone()
+    ours = trainer._clip_grad_norm(model)
+    theirs = trainer.accelerator.clip_grad_norm_(twin.parameters(), trainer.args.max_grad_norm)
+    assert trainer._clip_parameters[1] is not None  # the fast path ran
+    assert torch.equal(ours, theirs) and ours > trainer.args.max_grad_norm  # so the gradients were scaled
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), twin.parameters(), strict=True))
+
+    mixed = copied()
+    mixed.classifier.out_proj.to(torch.bfloat16)
+    for p in mixed.parameters():
+        p.grad = torch.ones_like(p)
+    trainer._clip_parameters = None
+    norm = trainer._clip_grad_norm(mixed)
+    assert trainer._clip_parameters == (id(mixed), None)  # checked, and left to accelerate
+    assert norm > 0
 
 
 def test_training_batches_are_tallied_in_the_trainer_and_the_model_never_sees_the_counts(run):
