@@ -150,6 +150,23 @@ def check_launch(gpus: int, environ: dict[str, str]) -> str | None:
     return None
 
 
+# What torchrun sets for each process that makes accelerate treat it as one of a distributed group.
+LAUNCH_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+def lone_cpu_process(device: str, environ: dict[str, str]) -> tuple[str, ...]:
+    """torchrun's variables to drop for a run of one process on a CPU, else nothing.
+
+    accelerate 1.16 (`state.py` `_prepare_backend`, `accelerator.py` `prepare_model`) makes any torchrun process on a
+    CPU "MULTI_CPU" and wraps its model in DistributedDataParallel, even alone; on a GPU it wraps only when there are
+    several processes. DDP alone copies every gradient into its buckets and back at every step: work the single-GPU
+    run does not do, which made the CPU benchmark's Trainer path slower than the bare loop for a reason of its own.
+    """
+    if device != "cpu" or environ.get("WORLD_SIZE", "1") != "1":
+        return ()
+    return tuple(name for name in LAUNCH_VARIABLES if name in environ)
+
+
 def visible_gpus() -> int:
     import torch
 

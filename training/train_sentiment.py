@@ -426,6 +426,8 @@ def train(args) -> dict:
     )
 
     speed = hardware.plan(args.bf16, args.torch_compile, args.fused_adamw, args.tf32)
+    for name in hardware.lone_cpu_process(speed.device, dict(os.environ)):
+        os.environ.pop(name)  # before TrainingArguments and accelerate read them
     if speed.device == "cpu":
         threads = args.cpu_threads or (1 if args.model_name_or_path == TINY_MODEL_NAME else None)
         if threads:
@@ -504,6 +506,8 @@ def train(args) -> dict:
             "gpu": accelerator["gpu"],
             "cpu_threads": torch.get_num_threads(),
             "world_size": training_args.world_size,
+            # What the step ran: the compiled wrapper, DDP (several processes), or the model itself.
+            "wrapped_model": _wrappers(trainer.model_wrapped),
             "parameters": model.num_parameters(),
             "config": {key: getattr(model.config, key) for key in
                        ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")},
@@ -544,6 +548,15 @@ def train(args) -> dict:
         "version_drift": drift,
         "is_main_process": trainer.is_world_process_zero(),
     }
+
+
+def _wrappers(model) -> list[str]:
+    """Class names from the outside in: torch.compile's wrapper (`_orig_mod`), DDP's (`module`), the model."""
+    names = []
+    while model is not None:
+        names.append(type(model).__name__)
+        model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+    return names
 
 
 def limit_splits(splits: dict[str, dict[str, list]], max_train: int | None, max_eval: int | None,

@@ -99,6 +99,10 @@ def test_bench_train_runs_plain_and_optimized_through_torchrun(tmp_path, capsys)
     assert plain["steps"] == buckets["steps"] == 2 * (266 // 16)  # two epochs of whole batches
     assert plain["steps_measured"] > 0 and buckets["compile"]["unique_graphs"] == len(buckets["training_shapes"])
     assert plain["compile"] is None and plain["lengths"] == [32]
+    # One torchrun process on a CPU trains the model itself, as one process on a GPU does: accelerate would wrap it in
+    # DistributedDataParallel (training.hardware.lone_cpu_process).
+    assert plain["wrapped_model"] == ["RobertaForSequenceClassification"], plain["wrapped_model"]
+    assert buckets["wrapped_model"] == ["OptimizedModule", "RobertaForSequenceClassification"]
     assert buckets["padded_tokens_per_row"] < plain["padded_tokens_per_row"]
     assert "MFU: against nothing on a CPU" in printed
     # The Trainer's host work per step, piece by piece: what the run trimmed stays trimmed.

@@ -205,3 +205,11 @@ def test_classifier_loss_is_marked_as_a_batch_mean():
     assert any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters), "the Trainer's guess would say yes"
     hardware.batch_mean_loss(model)
     assert model.accepts_loss_kwargs is False
+
+
+def test_a_lone_torchrun_process_on_a_cpu_drops_the_variables_that_make_accelerate_wrap_it_in_ddp():
+    launched = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_PORT": "29500"}
+    assert hardware.lone_cpu_process("cpu", launched) == ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    assert hardware.lone_cpu_process("cpu", {**launched, "WORLD_SIZE": "2"}) == ()  # a real group keeps DDP
+    assert hardware.lone_cpu_process("cuda", launched) == ()  # accelerate does not wrap one GPU process
+    assert hardware.lone_cpu_process("cpu", {}) == ()
