@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.cli_types import positive_int
 from training.data import SAMPLE_DIR
 
 PROG = "python -m training.bench_train"
@@ -89,24 +90,17 @@ def mfu(timing: dict, peak: float | None) -> tuple[float | None, float | None]:
     return executed, useful
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model", choices=("auto", "tiny", "random-base"), default="auto",
                         help="auto: random-base on a GPU, tiny on a CPU")
-    parser.add_argument("--batch-size", type=_positive_int, default=16, help="per device (the recipe's 16)")
-    parser.add_argument("--max-length", type=_positive_int,
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="per device (the recipe's 16)")
+    parser.add_argument("--max-length", type=positive_int,
                         help="padded length of the max-length runs (default: 128 on a GPU, 64 on a CPU)")
-    parser.add_argument("--bucket-size", type=_positive_int, default=32)
-    parser.add_argument("--epochs", type=_positive_int, default=2)
-    parser.add_argument("--repeat", type=_positive_int,
+    parser.add_argument("--bucket-size", type=positive_int, default=32)
+    parser.add_argument("--epochs", type=positive_int, default=2)
+    parser.add_argument("--repeat", type=positive_int,
                         help="copies of the 266-row sample in the training set (default: enough for 300 steps)")
     parser.add_argument("--compile-backend",
                         help="torch.compile backend (default: inductor on a GPU, aot_eager on a CPU)")

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inference.cli_types import positive_int
 from training import LABELS, hardware
 
 PROG = "python -m training.benchmark"
@@ -127,21 +128,14 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--steps", type=_positive_int, default=20, help="timed optimizer steps per run")
-    parser.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first (compilation)")
-    parser.add_argument("--batch-size", type=_positive_int, default=16, help="the recipe's per-device batch")
-    parser.add_argument("--seq-len", type=_positive_int, default=128, help="tokens per example (padded)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed optimizer steps per run")
+    parser.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first (compilation)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="the recipe's per-device batch")
+    parser.add_argument("--seq-len", type=positive_int, default=128, help="tokens per example (padded)")
     parser.add_argument(
         "--model-size", choices=("auto", "base", "tiny"), default="auto", help="auto: base on a GPU, tiny on a CPU"
     )
@@ -152,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
         "--cpu-threads",
-        type=_positive_int,
+        type=positive_int,
         help="torch threads on a CPU (default: 1 for the tiny model, too small to split; torch's choice otherwise)",
     )
     parser.add_argument("--seed", type=int, default=0)

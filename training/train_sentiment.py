@@ -19,6 +19,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from inference.cli_types import positive_int
 from training import ID2LABEL, LABEL2ID, LABELS
 from training.data import DataError, DataSource, check_files, load_splits
 from training.tiny import LOCAL_MODELS, TINY_MODEL_NAME
@@ -46,13 +47,6 @@ TRAINING_ONLY_FILES = ("training_args.bin",)
 
 class UsageError(ValueError):
     """An argument combination that cannot run; printed as one `error:` line, exit status 2."""
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def _positive_float(text: str) -> float:
@@ -96,9 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--test-file", help="optional with local files; test metrics are null without it")
     data.add_argument("--text-column", default="text")
     data.add_argument("--label-column", default="label")
-    data.add_argument("--max-train-samples", type=_positive_int,
+    data.add_argument("--max-train-samples", type=positive_int,
                       help="train on a seeded random slice of this many rows (cheap smoke runs)")
-    data.add_argument("--max-eval-samples", type=_positive_int,
+    data.add_argument("--max-eval-samples", type=positive_int,
                       help="evaluate on at most this many validation and test rows each")
     data.add_argument(
         "--max-length",
@@ -115,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "its longest row, so torch.compile sees a few fixed shapes and little padding; max-length: pad every row "
         "to --max-length (the recipe's static shape)",
     )
-    data.add_argument("--bucket-size", type=_positive_int, default=32, help="padded lengths are multiples of this")
+    data.add_argument("--bucket-size", type=positive_int, default=32, help="padded lengths are multiples of this")
 
     train = parser.add_argument_group("training")
     train.add_argument("--output-dir", default="model", help="final model, tokenizer and metrics.json")
@@ -125,13 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint directory, or 'last' for the newest one in the checkpoint directory",
     )
     train.add_argument("--num-train-epochs", type=_positive_float, default=10.0)
-    train.add_argument("--max-steps", type=_positive_int, help="stop after this many optimizer steps")
+    train.add_argument("--max-steps", type=positive_int, help="stop after this many optimizer steps")
     train.add_argument("--learning-rate", type=_positive_float, default=1e-5)
-    train.add_argument("--per-device-train-batch-size", type=_positive_int, default=16)
-    train.add_argument("--per-device-eval-batch-size", type=_positive_int, default=16)
+    train.add_argument("--per-device-train-batch-size", type=positive_int, default=16)
+    train.add_argument("--per-device-eval-batch-size", type=positive_int, default=16)
     train.add_argument("--warmup-steps", type=float, default=0, help="steps, or a fraction of all steps if < 1")
     train.add_argument("--weight-decay", type=float, default=0.0)
-    train.add_argument("--save-total-limit", type=_positive_int, default=2, help="checkpoints kept on disk")
+    train.add_argument("--save-total-limit", type=positive_int, default=2, help="checkpoints kept on disk")
     train.add_argument(
         "--save-strategy",
         choices=("best", "epoch"),
@@ -144,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     speed = parser.add_argument_group("PyTorch 2 speed-ups (each one is dropped where the hardware lacks it)")
     speed.add_argument(
         "--cpu-threads",
-        type=_positive_int,
+        type=positive_int,
         help="torch threads when training on the CPU (default: 1 for the tiny model, whose 64-wide matrices "
         "gain nothing from more and slow down badly on a busy machine; torch's choice otherwise)",
     )
