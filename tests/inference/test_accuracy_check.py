@@ -35,3 +35,23 @@ def test_bad_numbers_are_refused_by_name(model_dir, capsys):
     with pytest.raises(SystemExit) as stopped:
         accuracy_check.main(["--model-dir", str(model_dir), "--rounds", "0"])
     assert stopped.value.code == 2 and "--rounds 0: must be at least 1" in capsys.readouterr().err
+
+
+def test_the_gate_times_torch_under_the_servers_openmp_policy(model_dir):
+    """A fresh `python -m ...accuracy_check` (torch not loaded yet) runs with the server's OMP_WAIT_POLICY, and says so
+    in its record; a policy the user set is kept."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from inference.sentiment.server import config
+
+    command = [sys.executable, "-m", "inference.sentiment.accuracy_check", "--model-dir", str(model_dir),
+               "--no-export", "--rounds", "1", "--json"]
+    env = {name: value for name, value in os.environ.items() if name != "OMP_WAIT_POLICY"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
+    record = json.loads(done.stdout)
+    assert record["speed"]["measured_on"]["omp_wait_policy"] == "PASSIVE"
+    assert config.torch_runtime_defaults({})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert config.torch_runtime_defaults({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -165,9 +165,21 @@ def worker_environment(config: ServerConfig) -> dict[str, str]:
         THREADS_ENV: str(config.threads),
         "MKL_NUM_THREADS": str(config.threads),
         "TOKENIZERS_PARALLELISM": "false",
+        **torch_runtime_defaults(),
+    }
+
+
+def torch_runtime_defaults(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The OpenMP wait policy and oneDNN cache limits the server runs torch with, unless `env` sets its own.
+
+    The accuracy gate times torch under the same ones (`inference.sentiment.accuracy_check`), so its ranking of torch
+    against ONNX Runtime (which has its own thread pool) is the server's.
+    """
+    env = os.environ if env is None else env
+    return {
         # OpenMP's idle threads sleep instead of spinning: the event loop and tokenizer share this process's
         # CPUs with the replicas. Spinning (libgomp's default while its threads fit the CPUs) starved them: tiny
         # model, 1 replica x 2 threads on 2 vCPUs, one client: 172 ms per request, 11.9 ms with PASSIVE.
-        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
-        **{name: os.environ.get(name, limit) for name, limit in PRIMITIVE_CACHE_LIMITS.items()},
+        "OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY", "PASSIVE"),
+        **{name: env.get(name, limit) for name, limit in PRIMITIVE_CACHE_LIMITS.items()},
     }
