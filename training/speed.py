@@ -257,7 +257,10 @@ def recipe_trainer(train_collator: BucketCollator):
                 parameters = [p for p in model.parameters() if p.requires_grad]
                 plain = (self.accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU,
                                                                DistributedType.MULTI_CPU)
-                         and self.accelerator.scaler is None and not self._has_mixed_mesh_grads(model)
+                         and getattr(self.accelerator, "scaler", None) is None
+                         # transformers 5.20's check for DTensor gradients (an older release may lack it: the type
+                         # check below refuses DTensor parameters anyway)
+                         and not getattr(self, "_has_mixed_mesh_grads", lambda _: False)(model)
                          and len({(p.device, p.dtype) for p in parameters}) == 1
                          and all(type(p.data) is torch.Tensor for p in parameters))
                 self._clip_parameters = (id(model), parameters if plain else None)
