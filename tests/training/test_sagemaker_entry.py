@@ -75,7 +75,10 @@ def _run_two_nodes(roots: list[Path], *train_args: str) -> list[subprocess.Compl
         except subprocess.TimeoutExpired:
             for other in launches:
                 other.kill()
-            raise
+            # Where each node stopped: the last lines of both, not only the first node's opening ones.
+            tails = [f"--- {host}:\n" + "\n".join((other.communicate()[0] or "").splitlines()[-25:])
+                     for other, host in zip(launches, HOSTS, strict=True)]
+            raise AssertionError("two-node run did not finish in 240 s\n" + "\n".join(tails)) from None
         done.append(subprocess.CompletedProcess(launch.args, launch.returncode, out, ""))
     return done
 
