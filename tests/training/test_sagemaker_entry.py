@@ -8,9 +8,11 @@ from the CheckpointConfig's S3 prefix after a spot interruption.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -65,7 +67,8 @@ def _run_two_nodes(roots: list[Path], *train_args: str) -> list[subprocess.Compl
         subprocess.Popen(
             [sys.executable, "-m", "training.sagemaker_entry", "--checkpoint-dir", str(root / "checkpoints"),
              "--gate-rounds", "1", "--", *TRAIN_ARGS, *train_args],
-            cwd=ROOT, env=_env(root, host, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cwd=ROOT, env=_env(root, host, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)  # its own process group: torchrun and its workers go with it
         for root, host in zip(roots, HOSTS, strict=True)
     ]
     done = []
@@ -74,9 +77,10 @@ def _run_two_nodes(roots: list[Path], *train_args: str) -> list[subprocess.Compl
             out, _ = launch.communicate(timeout=240)
         except subprocess.TimeoutExpired:
             for other in launches:
-                other.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(other.pid, signal.SIGKILL)
             # Where each node stopped: the last lines of both, not only the first node's opening ones.
-            tails = [f"--- {host}:\n" + "\n".join((other.communicate()[0] or "").splitlines()[-25:])
+            tails = [f"--- {host}:\n" + "\n".join((other.communicate(timeout=30)[0] or "").splitlines()[-25:])
                      for other, host in zip(launches, HOSTS, strict=True)]
             raise AssertionError("two-node run did not finish in 240 s\n" + "\n".join(tails)) from None
         done.append(subprocess.CompletedProcess(launch.args, launch.returncode, out, ""))
