@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.cli_types import positive_int
+from inference.cli_types import non_negative_int, positive_int
 from training.data import SAMPLE_DIR
 
 PROG = "python -m training.bench_train"
@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run optimized twice, first with an empty compile cache, then warm (default: with "
                         "inductor; on a CPU the cold run costs minutes of C++ builds)")
     parser.add_argument("--only", help="comma-separated variant names to run (default: all)")
+    parser.add_argument("--dataloader-workers", type=non_negative_int, default=0,
+                        help="train_sentiment's data loader workers in every variant (0: the training process "
+                        "collates, as train_sentiment does by default)")
     parser.add_argument("--bare-loop", action=argparse.BooleanOptionalAction, default=True,
                         help="also run training.benchmark's bare step loop at the same batch shape")
     parser.add_argument("--work-dir", type=Path, help="keep data, models and timings here (default: a temp dir)")
@@ -145,7 +148,8 @@ def launch(variant: Variant, args, model: str, train_file: Path, work: Path, cac
         "--max-length", str(args.max_length), "--padding", variant.padding, "--bucket-size", str(args.bucket_size),
         "--per-device-train-batch-size", str(args.batch_size), "--per-device-eval-batch-size", str(args.batch_size),
         "--num-train-epochs", str(args.epochs), "--learning-rate", "1e-3" if model == "tiny" else "1e-5",
-        "--seed", "42", "--step-timing", str(timing), *variant.flags,
+        "--seed", "42", "--step-timing", str(timing), "--dataloader-workers", str(args.dataloader_workers),
+        *variant.flags,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -303,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = int(TRAIN_ROWS * repeat // args.batch_size) * args.epochs
     print(f"{device} ({gpu or 'CPU'}), model {model}, batch {args.batch_size}, max length {args.max_length}, "
           f"{TRAIN_ROWS * repeat} training rows x {args.epochs} epochs = {steps} steps per run, compile backend "
-          f"{args.compile_backend}, "
+          f"{args.compile_backend}, data loader workers {args.dataloader_workers}, "
           + ("optimized run twice: an empty compile cache, then warm" if cold else "compile cache as found"),
           flush=True)
 

@@ -25,6 +25,8 @@ what cost that speed on the Trainer's step path; each says why.
   millisecond of host work is a millisecond of step time.
 - `HostClock`: host time spent in each piece of the Trainer's step path (no device sync), so the benchmark says where
   the Trainer's step time goes beside the bare loop's.
+- `data_loader`: the training process collates its own batches (fast, in numpy: `BucketCollator`); receiving a batch
+  from a worker process costs it more host time than that.
 
 The model is loaded with `problem_type` set (train_sentiment._load_model): RoBERTa's classifier otherwise sets
 `config.problem_type` on its first forward, which breaks a Dynamo guard and compiles the model a second time.
@@ -105,19 +107,24 @@ class BucketCollator(_PaddingCounts):
     carry_counts: bool = False
 
     def __call__(self, features: list[dict]):
+        # Filled in numpy and handed to torch without a copy: the collator runs in the training process, on the step
+        # path, and per-row torch slice assignments cost about 0.46 ms for 16 rows against 0.05 ms this way (2-vCPU
+        # Zen 2; tests/training/test_bench_train.py checks both give the same tensors).
+        import numpy as np
         import torch
 
         longest = max(len(feature["input_ids"]) for feature in features)
         width = bucket_for(longest, self.lengths)
-        input_ids = torch.full((len(features), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(features), width), dtype=torch.long)
-        for row, feature in enumerate(features):
-            ids = feature["input_ids"][:width]
-            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            attention_mask[row, : len(ids)] = 1
-        labels = torch.as_tensor([int(feature["labels"]) for feature in features], dtype=torch.long)
-        useful = int(attention_mask.sum())
+        rows = [feature["input_ids"][:width] for feature in features]
+        row_lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        input_ids = np.full((len(rows), width), self.pad_token_id, dtype=np.int64)
+        for index, ids in enumerate(rows):
+            input_ids[index, : len(ids)] = ids
+        attention_mask = (np.arange(width) < row_lengths[:, None]).astype(np.int64)
+        labels = np.fromiter((int(feature["labels"]) for feature in features), dtype=np.int64, count=len(features))
+        useful = int(row_lengths.sum())
         self.add(len(features), width, useful)
+        input_ids, attention_mask, labels = map(torch.from_numpy, (input_ids, attention_mask, labels))
         batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
         if self.carry_counts:
             batch[PADDING_KEY] = (len(features), width, useful)
@@ -316,17 +323,20 @@ def clip_gradients(gradients: list, max_norm: float):
     return total
 
 
-def data_workers(device: str) -> dict:
-    """TrainingArguments for the data loader: on a GPU, two persistent worker processes collate the next batches.
+def data_loader(workers: int) -> dict:
+    """TrainingArguments for the data loader: by default (0 workers) the training process collates its batches.
 
-    accelerate's DataLoaderShard fetches the next batch inside the current step, in the main process: reading rows
-    from `datasets`, our collator's padding, pinning. With the device synchronized at each step end (the benchmark's
-    clock), or a GPU faster than the host, that host work adds to every step; workers take it off the step path.
-    On a CPU the workers would take cores from the training arithmetic, so the main process collates there.
+    Receiving a batch from a worker process costs the training process more host time than collating it: each tensor
+    crosses as a shared-memory file descriptor, sent over a socket the receiver opens and authenticates per tensor,
+    and on a GPU the pin-memory thread that receives it holds the GIL against the thread that launches the kernels.
+    A stand-in for a host-bound GPU step on the 2-vCPU Zen 2 (1,500 small torch calls, about 8 ms, one worker on
+    the other core) took 0.2 ms longer with this collator in the process, 0.7 ms longer with the collator it
+    replaced, and 1.2-1.7 ms longer with batches received from the worker on a thread; through the Trainer the
+    numbers are in docs/figures.md. `--dataloader-workers N` (train_sentiment, bench_train) measures the other way.
     """
-    if device != "cuda":
+    if workers == 0:
         return {"dataloader_num_workers": 0}
-    return {"dataloader_num_workers": 2, "dataloader_persistent_workers": True, "dataloader_prefetch_factor": 2}
+    return {"dataloader_num_workers": workers, "dataloader_persistent_workers": True, "dataloader_prefetch_factor": 2}
 
 
 def configure_dynamo(shapes: int) -> None:

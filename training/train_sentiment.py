@@ -19,7 +19,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from inference.cli_types import positive_int
+from inference.cli_types import non_negative_int, positive_int
 from training import ID2LABEL, LABEL2ID, LABELS
 from training.data import DataError, DataSource, check_files, load_splits
 from training.tiny import LOCAL_MODELS, TINY_MODEL_NAME
@@ -141,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         help="torch threads when training on the CPU (default: 1 for the tiny model, whose 64-wide matrices "
         "gain nothing from more and slow down badly on a busy machine; torch's choice otherwise)",
+    )
+    speed.add_argument(
+        "--dataloader-workers",
+        type=non_negative_int,
+        default=0,
+        help="data loader worker processes per training process; 0 collates in the training process, which costs "
+        "it less host time per step than receiving each batch from a worker",
     )
     speed.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
     speed.add_argument(
@@ -382,8 +389,8 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
         # step instead of blocking the host (pinning is off on the CPU, where there is no copy).
         dataloader_pin_memory=speed.device == "cuda",
         accelerator_config={"non_blocking": speed.device == "cuda"},
-        # On a GPU, worker processes collate the next batches while the current step runs (training/speed.py).
-        **step_path.data_workers(speed.device),
+        # The training process collates (a worker's batch costs it more to receive: training/speed.py).
+        **step_path.data_loader(args.dataloader_workers),
         torch_compile_backend=args.torch_compile_backend if speed.torch_compile else None,
         torch_compile=speed.torch_compile,
         bf16=speed.bf16,
@@ -500,6 +507,7 @@ def train(args) -> dict:
             "gpu": accelerator["gpu"],
             "cpu_threads": torch.get_num_threads(),
             "world_size": training_args.world_size,
+            "dataloader_workers": training_args.dataloader_num_workers,
             # What the step ran: the compiled wrapper, DDP (several processes), or the model itself.
             "wrapped_model": _wrappers(trainer.model_wrapped),
             "parameters": model.num_parameters(),
@@ -529,6 +537,7 @@ def train(args) -> dict:
         "effective": {
             "device": speed.device,
             "world_size": training_args.world_size,
+            "dataloader_workers": training_args.dataloader_num_workers,
             "global_train_batch_size": args.per_device_train_batch_size * training_args.world_size,
             "bf16": speed.bf16,
             "torch_compile": speed.torch_compile,

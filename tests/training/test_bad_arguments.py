@@ -145,6 +145,7 @@ def test_resume_from_a_directory_that_is_no_checkpoint(tmp_path, capsys):
         ("--max-length", "1024", "between 8 and 512"),
         ("--learning-rate", "0", "positive number"),
         ("--per-device-train-batch-size", "-2", "positive integer"),
+        ("--dataloader-workers", "-1", "0 or more"),
     ],
 )
 def test_out_of_range_numbers_are_usage_errors(capsys, option, value, message):

@@ -24,6 +24,40 @@ def test_the_collator_pads_to_the_bucket_and_counts_useful_tokens():
     assert (collate.useful_tokens, collate.padded_tokens, collate.shapes) == (13, 32, {(2, 16)})
 
 
+def test_the_collator_gives_the_tensors_of_row_by_row_padding():
+    """Rows of every length up to past the largest bucket, as lists and as tensors: the same int64 tensors as padding
+    each row in torch, one at a time (the collator before it filled numpy arrays)."""
+    import random
+
+    import torch
+
+    def row_by_row(features, pad_token_id, lengths):
+        width = speed.bucket_for(max(len(feature["input_ids"]) for feature in features), lengths)
+        input_ids = torch.full((len(features), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(features), width), dtype=torch.long)
+        for row, feature in enumerate(features):
+            ids = feature["input_ids"][:width]
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        return input_ids, attention_mask, torch.tensor([int(feature["labels"]) for feature in features])
+
+    generator = random.Random(0)
+    lengths = speed.bucket_lengths(40, 16)  # [16, 32, 40]
+    for trial in range(60):
+        features = [{"input_ids": [generator.randrange(3, 500) for _ in range(generator.randrange(0, 48))],
+                     "labels": generator.randrange(3)} for _ in range(generator.randrange(1, 9))]
+        if trial % 2:
+            features = [{"input_ids": torch.tensor(f["input_ids"], dtype=torch.long), "labels": torch.tensor(
+                f["labels"])} for f in features]
+        collate = speed.BucketCollator(pad_token_id=1, lengths=lengths, carry_counts=True)
+        batch = collate(features)
+        expected = row_by_row(features, 1, lengths)
+        for name, tensor in zip(("input_ids", "attention_mask", "labels"), expected, strict=True):
+            assert batch[name].dtype == torch.long and torch.equal(batch[name], tensor), (trial, name)
+        rows, width = batch["input_ids"].shape
+        assert batch[speed.PADDING_KEY] == (rows, width, int(expected[1].sum()))
+
+
 def test_training_batches_are_whole_and_reshuffled_each_epoch():
     sampler = speed.TrainingBatches(rows=40, batch_size=16, seed=42)
     first = list(sampler)

@@ -68,7 +68,7 @@ def run(tmp_path_factory):
                              per_device_eval_batch_size=BATCH, num_train_epochs=EPOCHS, eval_strategy="epoch",
                              save_strategy="no", logging_strategy="epoch", use_cpu=True, report_to="none",
                              disable_tqdm=True, seed=0,
-                             # As on a GPU (speed.data_workers), with one worker: the collator runs in another process.
+                             # As with --dataloader-workers 1: the collator runs in another process.
                              dataloader_num_workers=1, dataloader_persistent_workers=True)
     trainer = speed.recipe_trainer(collator)(model=model, args=args, train_dataset=dataset, eval_dataset=dataset,
                                              data_collator=speed.BucketCollator(tokenizer.pad_token_id, [16, 32]),
@@ -179,18 +179,19 @@ def test_counts_cross_a_worker_process_with_the_batch():
     assert collator.rows == 0  # counted in the worker, not here
 
 
-def test_data_workers_collate_on_a_gpu_and_not_on_a_cpu(tmp_path):
+def test_the_training_process_collates_unless_workers_are_asked_for(tmp_path):
     from training import hardware, train_sentiment
 
-    assert speed.data_workers("cpu") == {"dataloader_num_workers": 0}
-    assert speed.data_workers("cuda") == {"dataloader_num_workers": 2, "dataloader_persistent_workers": True,
-                                          "dataloader_prefetch_factor": 2}
-    args = train_sentiment.build_parser().parse_args(["--no-torch-compile"])
-    for device, workers in (("cpu", 0), ("cuda", 2)):
+    assert speed.data_loader(0) == {"dataloader_num_workers": 0}
+    assert speed.data_loader(2) == {"dataloader_num_workers": 2, "dataloader_persistent_workers": True,
+                                    "dataloader_prefetch_factor": 2}
+    for device in ("cpu", "cuda"):
         plan = hardware.Plan(device=device, bf16=False, torch_compile=False, fused_adamw=False, tf32=None)
-        made = train_sentiment._training_arguments(args, plan, tmp_path)
-        assert made.dataloader_num_workers == workers and made.dataloader_persistent_workers == (workers > 0)
-        assert made.dataloader_pin_memory == (device == "cuda")
+        for flags, workers in (([], 0), (["--dataloader-workers", "3"], 3)):
+            args = train_sentiment.build_parser().parse_args(["--no-torch-compile", *flags])
+            made = train_sentiment._training_arguments(args, plan, tmp_path)
+            assert made.dataloader_num_workers == workers and made.dataloader_persistent_workers == (workers > 0)
+            assert made.dataloader_pin_memory == (device == "cuda")
 
 
 def test_host_clock_times_the_step_path_pieces_and_survives_a_checkpoint(tmp_path):
