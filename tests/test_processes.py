@@ -100,6 +100,48 @@ def test_repeated_signals_during_the_clean_up_are_ignored(signum, status):
             process.wait()
 
 
+# LocalServer.start with a stop signal that lands after the fork but before Popen returns (a wrapper sends it and
+# lets the handler run, still inside "Popen"); the server command is a real child process.
+POPEN_RACE = textwrap.dedent("""
+    import os, signal, subprocess, sys
+    from pathlib import Path
+    from inference import processes
+    from inference.sentiment.server import local
+
+    processes.install_stop_handlers()
+    real_popen, children = subprocess.Popen, []
+
+    def popen_then_signal(*args, **kwargs):
+        children.append(real_popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.{signal})
+        for _ in range(10_000):  # a stop handler runs at one of these bytecode boundaries, unless it is deferred
+            pass
+        return children[-1]
+
+    subprocess.Popen = popen_then_signal
+    server = local.LocalServer(Path("no-such-model"), python=Path(sys.executable))
+    try:
+        server.start(timeout=60)
+        print("started")
+    except processes.Stopped as stop:
+        child = children[0]
+        reached = server.process is child and child.poll() is not None
+        print("stopped", stop, "child stopped by LocalServer.stop" if reached else "child lost", flush=True)
+        if not reached:
+            child.kill()
+            child.wait()
+""")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_during_popen_cannot_lose_the_child(signum):
+    completed = subprocess.run([sys.executable, "-c", POPEN_RACE.format(signal=signal.Signals(signum).name)],
+                               capture_output=True, text=True, timeout=120,
+                               cwd=processes.Path(__file__).resolve().parents[1])
+    assert completed.stdout.strip() == f"stopped {signal.Signals(signum).name} child stopped by LocalServer.stop", (
+        completed.stdout + completed.stderr[-2000:])
+
+
 def test_exit_status():
     assert processes.exit_status(signal.SIGTERM) == 0
     assert processes.exit_status(signal.SIGINT) == 130

@@ -151,10 +151,11 @@ class LocalStack:
             output = open(self.log, "ab") if self.log else None  # noqa: SIM115 (closed below); None: inherit
             try:
                 # In our process group, so a signal to the group or a SIGKILL of it reaches every part of the stack.
-                self.process = subprocess.Popen(
-                    [str(self.python), "-c", _TOOLKIT_ENTRY, str(self.base / "ts.properties")],
-                    cwd=self.base, env=environment, stdout=output, stderr=subprocess.STDOUT if output else None,
-                )
+                with processes.deferred_stop_signals():  # so that `stop()` can always reach the child
+                    self.process = subprocess.Popen(
+                        [str(self.python), "-c", _TOOLKIT_ENTRY, str(self.base / "ts.properties")],
+                        cwd=self.base, env=environment, stdout=output, stderr=subprocess.STDOUT if output else None,
+                    )
             finally:
                 if self.log:
                     output.close()

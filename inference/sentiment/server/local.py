@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from inference import processes
+
 ROOT = Path(__file__).resolve().parents[3]
 IMAGE_VENV = ROOT / ".venv-image"
 IMAGE_PYTHON = IMAGE_VENV / "bin" / "python"
@@ -54,8 +56,9 @@ class LocalServer:
             raise ServerError(f"{self.python}: no image venv; run `make image-venv`")
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **self.env}
         env.pop("PYTHONPATH", None)
-        self.process = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        with processes.deferred_stop_signals():  # so that `stop()` can always reach the child
+            self.process = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         return self
