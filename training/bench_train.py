@@ -42,6 +42,8 @@ PROG = "python -m training.bench_train"
 BF16_PEAKS = (("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100", 312e12), ("A10G", 125e12))
 TRAIN_ROWS = 266  # rows of training/data/sample/train.jsonl
 MIN_STEPS = 300
+# train_sentiment's local model -> the bare loop's (training.benchmark --model-size) of the same shape.
+BARE_LOOP_SIZES = {"tiny": "tiny", "random-base": "base", "narrow-base": "narrow-base"}
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,9 @@ def mfu(timing: dict, peak: float | None) -> tuple[float | None, float | None]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", choices=("auto", "tiny", "random-base"), default="auto",
-                        help="auto: random-base on a GPU, tiny on a CPU")
+    parser.add_argument("--model", choices=("auto", *BARE_LOOP_SIZES), default="auto",
+                        help="auto: random-base on a GPU, tiny on a CPU; narrow-base: RoBERTa-base's 12 layers at the "
+                        "tiny width, so a CPU measures the host work of a base step")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="per device (the recipe's 16)")
     parser.add_argument("--max-length", type=positive_int,
                         help="padded length of the max-length runs (default: 128 on a GPU, 64 on a CPU)")
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as error:
             print(f"{PROG}: {error}", file=sys.stderr)
             return 1
-        bare = bare_loop(args, "base" if model == "random-base" else "tiny") if args.bare_loop else None
+        bare = bare_loop(args, BARE_LOOP_SIZES[model]) if args.bare_loop else None
 
     peak = peak_flops(gpu) if device == "cuda" else None
     if peak:

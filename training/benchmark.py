@@ -51,14 +51,15 @@ class Variant:
 
 
 def model_config(size: str):
-    """RoBERTa-base dimensions, or the tiny model's (the same shape training.tiny builds)."""
+    """RoBERTa-base dimensions, or those of the tiny or narrow-base model (the shapes training.tiny builds)."""
     from transformers import RobertaConfig
 
     common = {"num_labels": len(LABELS), "type_vocab_size": 1, "pad_token_id": 1, "max_position_embeddings": 514}
     if size == "base":
         dims = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
         return RobertaConfig(vocab_size=50265, **dims, **common)
-    dims = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128}
+    layers = 12 if size == "narrow-base" else 2
+    dims = {"hidden_size": 64, "num_hidden_layers": layers, "num_attention_heads": 2, "intermediate_size": 128}
     return RobertaConfig(vocab_size=2000, **dims, **common)
 
 
@@ -137,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=positive_int, default=16, help="the recipe's per-device batch")
     parser.add_argument("--seq-len", type=positive_int, default=128, help="tokens per example (padded)")
     parser.add_argument(
-        "--model-size", choices=("auto", "base", "tiny"), default="auto", help="auto: base on a GPU, tiny on a CPU"
+        "--model-size", choices=("auto", "base", "tiny", "narrow-base"), default="auto",
+        help="auto: base on a GPU, tiny on a CPU; narrow-base: base's 12 layers at the tiny width (a base step's host "
+        "work with little arithmetic)"
     )
     parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile-backend", default="inductor",
@@ -147,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--cpu-threads",
         type=positive_int,
-        help="torch threads on a CPU (default: 1 for the tiny model, too small to split; torch's choice otherwise)",
+        help="torch threads on a CPU (default: 1 for the tiny and narrow-base models, too small to split; torch's "
+        "choice otherwise)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     device = speed.device
     size = args.model_size if args.model_size != "auto" else ("base" if device == "cuda" else "tiny")
     config = model_config(size)
-    if device == "cpu" and (args.cpu_threads or size == "tiny"):
+    if device == "cpu" and (args.cpu_threads or size in ("tiny", "narrow-base")):
         torch.set_num_threads(args.cpu_threads or 1)
     generator = torch.Generator().manual_seed(args.seed)
     shape = (args.batch_size, args.seq_len)

@@ -22,7 +22,7 @@ from pathlib import Path
 from inference.cli_types import non_negative_int, positive_int
 from training import ID2LABEL, LABEL2ID, LABELS
 from training.data import DataError, DataSource, check_files, load_splits
-from training.tiny import LOCAL_MODELS, TINY_MODEL_NAME
+from training.tiny import LOCAL_MODELS, NARROW_BASE_MODEL_NAME, TINY_MODEL_NAME
 
 LOG = logging.getLogger("training.train_sentiment")
 PROG = "python -m training.train_sentiment"
@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="cardiffnlp/twitter-roberta-base-sep2022",
         help=f"hub id or local directory; '{TINY_MODEL_NAME}' builds a 2-layer RoBERTa and trains its "
         "tokenizer on the training text (offline, for CPUs and tests); 'random-base' the same tokenizer with "
-        "RoBERTa-base's dimensions and random weights (offline, for speed measurements on a GPU)",
+        "RoBERTa-base's dimensions and random weights (offline, for speed measurements on a GPU); 'narrow-base' "
+        "RoBERTa-base's 12 layers at the tiny width (a base step's host work with little arithmetic, for CPUs)",
     )
     model.add_argument("--cache-dir", help="where hub models and data sets are cached (default: HF_HOME)")
 
@@ -430,7 +431,8 @@ def train(args) -> dict:
     for name in hardware.lone_cpu_process(speed.device, dict(os.environ)):
         os.environ.pop(name)  # before TrainingArguments and accelerate read them
     if speed.device == "cpu":
-        threads = args.cpu_threads or (1 if args.model_name_or_path == TINY_MODEL_NAME else None)
+        narrow = args.model_name_or_path in (TINY_MODEL_NAME, NARROW_BASE_MODEL_NAME)  # too small to split
+        threads = args.cpu_threads or (1 if narrow else None)
         if threads:
             torch.set_num_threads(threads)
 

@@ -174,3 +174,24 @@ def test_the_report_shows_the_trainer_step_against_the_bare_loop_step_and_the_ho
 def test_an_unknown_variant_is_one_line_and_exit_status_2(capsys):
     assert bench_train.main(["--only", "fastest"]) == 2
     assert "--only fastest: unknown variant(s) fastest" in capsys.readouterr().err
+
+
+def test_narrow_base_has_roberta_base_structure_at_the_tiny_width_in_both_loops():
+    """The CPU proxy for a host-bound base step: the Trainer's model and the bare loop's have base's 12 layers and so
+    its parameter tensors (each a per-tensor call in clipping, zeroing and the optimizer) at the tiny width."""
+    import torch
+    from transformers import RobertaForSequenceClassification
+
+    from training import benchmark, tiny
+
+    tokenizer = tiny.build_tokenizer(["a tweet about nothing much"] * 20)
+    trainer_model = tiny.build_model(tokenizer, max_length=16, name=tiny.NARROW_BASE_MODEL_NAME)
+    bare_model = RobertaForSequenceClassification(benchmark.model_config(bench_train.BARE_LOOP_SIZES["narrow-base"]))
+    with torch.device("meta"):  # shapes only: no 125 M parameters allocated
+        base_tensors = len(list(RobertaForSequenceClassification(benchmark.model_config("base")).parameters()))
+    for model in (trainer_model, bare_model):
+        assert len(list(model.parameters())) == base_tensors
+        assert model.config.num_hidden_layers == 12 and model.config.hidden_size == 64
+    assert len(list(tiny.build_model(tokenizer, max_length=16).parameters())) < base_tensors
+    # Every model bench_train offers has a bare loop of the same shape.
+    assert set(bench_train.BARE_LOOP_SIZES) == set(tiny.LOCAL_MODELS)
