@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"hub id or local directory; '{TINY_MODEL_NAME}' builds a 2-layer RoBERTa and trains its "
         "tokenizer on the training text (offline, for CPUs and tests); 'random-base' the same tokenizer with "
         "RoBERTa-base's dimensions and random weights (offline, for speed measurements on a GPU); 'narrow-base' "
-        "RoBERTa-base's 12 layers at the tiny width (a base step's host work with little arithmetic, for CPUs)",
+        "its 12 layers at the tiny width (a base step's host work, for CPUs)",
     )
     model.add_argument("--cache-dir", help="where hub models and data sets are cached (default: HF_HOME)")
 
