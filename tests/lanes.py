@@ -19,6 +19,7 @@ test (pytest's 5) counts as passed unless no lane ran anything.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import re
 import signal
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from inference import processes
 
     processes.install_stop_handlers()  # SIGTERM or SIGINT: the lanes are stopped, exit 0 or 130 (issue 24's rule)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where a run that seems stuck is
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="test-lanes-") as temporary:
         workdir = Path(temporary)

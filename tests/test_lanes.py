@@ -84,6 +84,24 @@ def test_a_lane_marker_outside_tests_inference_is_refused_at_collection(request)
         conftest.pytest_collection_modifyitems(request.config, [request.node])
 
 
+def stuck(runner: subprocess.Popen, lanes_running: list) -> str:
+    """What a runner that did not stop in time was doing: its stack (lanes.py dumps it on SIGUSR1), its output so
+    far, and each lane's state. Seen once in a fresh-clone run (SIGTERM, nothing on stderr after 60 s)."""
+    runner.send_signal(signal.SIGUSR1)
+    try:
+        out, err = runner.communicate(timeout=5)
+    except subprocess.TimeoutExpired as expired:
+        out, err = expired.output, expired.stderr
+    states = []
+    for lane in lanes_running:
+        try:
+            states.append(f"{lane.pid} {lane.status()} {' '.join(lane.cmdline()[-6:])}")
+        except psutil.Error as error:
+            states.append(f"{lane.pid} {type(error).__name__}")
+    return (f"the runner did not stop within 60 s\nlanes: {states}\nstdout: {out}\nstderr (stack from SIGUSR1): "
+            f"{err}")
+
+
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
 def test_a_stop_signal_tears_every_lane_down_and_exits_with_its_status(tmp_path, signum, status):
     """A CI timeout or Ctrl-C: each lane gets one SIGINT, so its fixtures' teardown runs (where servers stop)."""
@@ -110,7 +128,10 @@ def test_a_stop_signal_tears_every_lane_down_and_exits_with_its_status(tmp_path,
         lanes_running = psutil.Process(runner.pid).children()
         assert len(lanes_running) == 3, lanes_running
         runner.send_signal(signum)
-        _, err = runner.communicate(timeout=60)
+        try:
+            _, err = runner.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(stuck(runner, lanes_running))
     finally:
         if runner.poll() is None:
             runner.kill()
