@@ -101,12 +101,12 @@ def stop(lanes: list[Lane]) -> None:
     """SIGINT to every running lane, so pytest tears its fixtures down (servers included), then whatever is left."""
     from inference import processes
 
-    running = [lane for lane in lanes if lane.process.poll() is None]
+    running = [lane for lane in lanes if processes.poll(lane.process) is None]
     for lane in running:
         lane.process.send_signal(signal.SIGINT)
     for lane in running:
         try:
-            lane.process.wait(timeout=STOP_GRACE_S)
+            processes.wait(lane.process, timeout=STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             processes.stop_tree(lane.process, grace=10)
         print(f"lanes: {lane.name} stopped (exit {lane.process.returncode}); the end of its output:", file=sys.stderr)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             while any(lane.ended is None for lane in lanes):
                 time.sleep(0.2)
                 for lane in lanes:
-                    if lane.ended is None and lane.process.poll() is not None:
+                    if lane.ended is None and processes.poll(lane.process) is not None:
                         lane.ended = time.monotonic()
                         print(f"\n===== lane {lane.name}: exit {lane.process.returncode} after "
                               f"{lane.ended - lane.started:.0f} s =====", flush=True)

@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inference import processes
 from inference.cli_types import non_negative_int, positive_int
 from inference.sentiment.precision import PRECISIONS
 
@@ -415,7 +416,7 @@ def first_ping_seconds(archive: Path, log: Path, workers: int) -> float:
     server.launch()
     try:
         while True:
-            if server.process.poll() is not None:
+            if processes.poll(server.process) is not None:
                 raise RuntimeError(f"the server exited with status {server.process.returncode} before /ping answered: "
                                    + " | ".join(server.lines[-5:]))
             if time.perf_counter() - started > 300:

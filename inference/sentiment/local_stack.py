@@ -168,7 +168,7 @@ class LocalStack:
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            if processes.poll(self.process) is not None:
                 raise StackError(f"the toolkit exited with status {self.process.returncode} before /ping answered"
                                  + (f"; see {self.log}" if self.log else ""))
             with suppress(OSError, http.client.HTTPException):
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving {args.model} at {stack.url}/invocations (TorchServe + toolkit, "
               f"{args.workers} worker(s), OMP_NUM_THREADS={stack.environment()['OMP_NUM_THREADS']}); "
               "Ctrl-C stops", flush=True)
-        while stack.process.poll() is None:
+        while processes.poll(stack.process) is None:
             time.sleep(0.2)
         print(f"{PROG}: error: the stack exited with status {stack.process.returncode}", file=sys.stderr)
     except processes.Stopped:

@@ -82,7 +82,7 @@ class LocalServer:
     def wait_serving(self, timeout: float = 180) -> LocalServer:
         deadline = time.monotonic() + timeout
         while not self._serving.wait(0.1):
-            if self.process.poll() is not None:
+            if processes.poll(self.process) is not None:
                 time.sleep(0.2)  # let the reader collect the last lines
                 raise ServerError(f"the server exited with status {self.process.returncode} before serving:\n"
                                   + "\n".join(self.lines[-20:]))
@@ -98,7 +98,7 @@ class LocalServer:
             raise
 
     def send_signal(self, signum: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None and processes.poll(self.process) is None:
             os.kill(self.process.pid, signum)
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 60) -> int | None:
@@ -107,13 +107,13 @@ class LocalServer:
             return None
         self.send_signal(signum)
         try:
-            status = self.process.wait(timeout)
+            status = processes.wait(self.process, timeout)
         except subprocess.TimeoutExpired:
             status = None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # anything the server failed to stop
         if status is None:
-            status = self.process.wait(10)
+            status = processes.wait(self.process, 10)
         if self._reader is not None:
             self._reader.join(5)
         return status
