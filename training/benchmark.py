@@ -51,16 +51,16 @@ class Variant:
 
 
 def model_config(size: str):
-    """RoBERTa-base dimensions, or those of the tiny or narrow-base model (the shapes training.tiny builds)."""
+    """RoBERTa-base (with its own vocabulary), the tiny or the narrow-base model: training.tiny's sizes, so the bare
+    loop runs the layers the Trainer path runs."""
     from transformers import RobertaConfig
+
+    from training.tiny import RANDOM_BASE_MODEL_NAME, SIZES
 
     common = {"num_labels": len(LABELS), "type_vocab_size": 1, "pad_token_id": 1, "max_position_embeddings": 514}
     if size == "base":
-        dims = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
-        return RobertaConfig(vocab_size=50265, **dims, **common)
-    layers = 12 if size == "narrow-base" else 2
-    dims = {"hidden_size": 64, "num_hidden_layers": layers, "num_attention_heads": 2, "intermediate_size": 128}
-    return RobertaConfig(vocab_size=2000, **dims, **common)
+        return RobertaConfig(vocab_size=50265, **SIZES[RANDOM_BASE_MODEL_NAME], **common)
+    return RobertaConfig(vocab_size=2000, **SIZES[size], **common)
 
 
 def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: int, seed: int,
