@@ -49,7 +49,7 @@ DEFAULT_BUCKET = 32
 # Steps at the start that include compilation and warm-up; the benchmark leaves them out.
 WARMUP_STEPS = 10
 # The training collator's record of one batch's padding, carried in the batch from the collator (which runs in a data
-# loader worker process on a GPU) to the training step in the main process, which removes it before the model sees it.
+# loader worker process with --dataloader-workers N) to the training step, which removes it before the model sees it.
 PADDING_KEY = "padding_counts"
 
 
