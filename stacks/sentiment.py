@@ -47,7 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVING_DOCKERFILE = "inference/sentiment/image/Dockerfile"
 # The image's build context is the repository root; only these reach it (and the asset's fingerprint), as in
 # inference/sentiment/image/Dockerfile.dockerignore.
-SERVING_IMAGE_CONTEXT = ["*", "!inference/__init__.py", "!inference/sentiment/", "**/__pycache__", "**/*.pyc"]
+SERVING_IMAGE_CONTEXT = ["*", "!common/__init__.py", "!common/library_warnings.py", "!inference/__init__.py",
+                         "!inference/sentiment/", "**/__pycache__", "**/*.pyc"]
 # The CDK bootstrap's container-assets repositories (cdk-<qualifier>-container-assets-<account>-<region>).
 ASSET_REPOSITORY_FILTER = "cdk-*-container-assets-*"
 # How the image leaves `docker build` (cdk-assets passes each entry as `--output=<entry>`, then tags and pushes the

@@ -30,7 +30,7 @@ As a process, for trying a client against it or checking how it stops (tests/inf
     python -m tests.fake_lmi --mode rolling --port 8081
 
 It prints `listening on http://127.0.0.1:PORT/invocations` once it answers, and stops on SIGTERM (exit 0) or Ctrl-C
-(exit 130), to the process or its group, once or repeated (`inference.processes`).
+(exit 130), to the process or its group, once or repeated (`common.processes`).
 """
 
 from __future__ import annotations
@@ -628,7 +628,7 @@ def sagemaker_runtime(server: FakeLmi, region: str = "us-west-2", calls: list | 
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM or Ctrl-C; the stop handlers are installed before this runs (see the end)."""
-    from inference import processes
+    from common import processes
 
     parser = argparse.ArgumentParser(prog="python -m tests.fake_lmi", description="A loopback fake of LMI.")
     parser.add_argument("--mode", choices=("dynamic", "rolling"), default="rolling", help="batching mode")
@@ -653,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     return processes.exit_status(processes.received())
 
 if __name__ == "__main__":
-    from inference import processes
+    from common import processes
 
     processes.install_stop_handlers()
     processes.finish(main())

@@ -99,7 +99,7 @@ def start(name: str, marker: str, pytest_args: list[str], workdir: Path) -> Lane
 
 def stop(lanes: list[Lane]) -> None:
     """SIGINT to every running lane, so pytest tears its fixtures down (servers included), then whatever is left."""
-    from inference import processes
+    from common import processes
 
     running = [lane for lane in lanes if processes.poll(lane.process) is None]
     for lane in running:
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serial:
         return subprocess.call([sys.executable, "-m", "pytest", *args.pytest_args])
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: the repository's packages
-    from inference import processes
+    from common import processes
 
     processes.install_stop_handlers()  # SIGTERM or SIGINT: the lanes are stopped, exit 0 or 130 (issue 24's rule)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: where a run that seems stuck is

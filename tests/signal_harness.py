@@ -36,7 +36,7 @@ from pathlib import Path
 
 import psutil
 
-from inference import processes
+from common import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("group-once", "group-twice", "starting", "process-once", "starting-process", "cleanup")

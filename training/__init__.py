@@ -1,6 +1,6 @@
 """RoBERTa tweet-sentiment training, packaging and benchmarking for the SageMaker recipe."""
 
-from inference.sentiment.library_warnings import drop_unactionable_library_warnings
+from common.library_warnings import drop_unactionable_library_warnings
 
 # Before any training entry point loads transformers (which imports torchao): see that module.
 drop_unactionable_library_warnings()

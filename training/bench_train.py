@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.cli_types import non_negative_int, positive_int
+from common.cli_types import non_negative_int, positive_int
 from training.data import SAMPLE_DIR
 
 PROG = "python -m training.bench_train"

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from inference.cli_types import positive_int
+from common.cli_types import positive_int
 from training import LABELS, hardware
 
 PROG = "python -m training.benchmark"

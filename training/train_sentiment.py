@@ -19,7 +19,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from inference.cli_types import non_negative_int, positive_int
+from common.cli_types import non_negative_int, positive_int
 from training import ID2LABEL, LABEL2ID, LABELS
 from training.data import DataError, DataSource, check_files, load_splits
 from training.tiny import LOCAL_MODELS, NARROW_BASE_MODEL_NAME, TINY_MODEL_NAME

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import TextIO
 from urllib.parse import urlsplit
 
-from inference.cli_types import positive, positive_int
+from common.cli_types import positive, positive_int
 from inference.endpoints import RequestFailed, invocations_url
 from inference.endpoints import runtime_client as new_runtime_client
 from inference.llm.stream import (

@@ -32,7 +32,7 @@ includes its waits.
 
 Exit status: 0 every step's error rate <= --max-error-rate; 1 some step exceeded it; 2 usage error;
 3 the target could not be used at all (unreachable, no credentials, every warm-up request failed); stopped by
-SIGTERM 0, by Ctrl-C (SIGINT) 130, either to the process or its group, once or repeated (`inference.processes`); a
+SIGTERM 0, by Ctrl-C (SIGINT) 130, either to the process or its group, once or repeated (`common.processes`); a
 stopped run still prints and writes the steps that finished.
 Statistics are defined in `inference.llm.loadtest_report`.
 """
@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from inference import processes
-from inference.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
+from common import processes
+from common.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
 from inference.llm import loadtest_report as reports
 from inference.llm.loadtest_report import Sample
 from inference.llm.stream import (

@@ -14,7 +14,7 @@ Without --model-dir it builds a random-weight model on the repository's tokenize
 (RoBERTa-base's 12 x 768, the size that is deployed; the default) or `tiny` (2 x 64, the test model). Random
 weights cost the same compute as trained ones. Timings are printed, never asserted. Needs `make serving-stack`.
 SIGTERM or Ctrl-C (to the process or its group, once or repeated) stops the stack that is running and removes
-the temporary files; exit status 0 after SIGTERM, 130 after SIGINT (`inference.processes`).
+the temporary files; exit status 0 after SIGTERM, 130 after SIGINT (`common.processes`).
 
     python -m inference.sentiment.benchmark_handler                        # base size, about 6 min on 2 cores
     python -m inference.sentiment.benchmark_handler --preset tiny --requests 20
@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference import processes
-from inference.cli_types import non_negative_int, positive_int, positive_int_list
+from common import processes
+from common.cli_types import non_negative_int, positive_int, positive_int_list
 
 PROG = "python -m inference.sentiment.benchmark_handler"
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "training" / "data" / "sample"

@@ -59,8 +59,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inference import processes
-from inference.cli_types import non_negative_int, positive_int
+from common import processes
+from common.cli_types import non_negative_int, positive_int
 from inference.sentiment.precision import PRECISIONS
 
 PROG = "python -m inference.sentiment.benchmark_server"

@@ -12,7 +12,7 @@ Differences from the endpoint, all about where things live: TorchServe listens o
 `--port`, management and metrics on free ports) instead of 0.0.0.0:8080; its config goes to a temporary file
 instead of `/etc/sagemaker-ts.properties`; its logs go to `<base>/logs`.
 
-Stopping (`inference.processes`): SIGTERM or Ctrl-C, to this process or to its process group, once or repeated,
+Stopping (`common.processes`): SIGTERM or Ctrl-C, to this process or to its process group, once or repeated,
 during start-up, while serving or during the clean-up, stops the toolkit, TorchServe and its workers (the toolkit
 gets SIGTERM and forwards it to TorchServe; whatever is left after that gets SIGTERM, then SIGKILL), removes the
 temporary folder (TorchServe's PID file included) and exits 0 after SIGTERM, 130 after SIGINT. The stack stays in
@@ -39,7 +39,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
-from inference import processes
+from common import processes
 from inference.sentiment.container import container_environment
 
 PROG = "python -m inference.sentiment.local_stack"

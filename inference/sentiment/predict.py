@@ -23,7 +23,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from inference.cli_types import non_negative_int, positive_int
+from common.cli_types import non_negative_int, positive_int
 from inference.endpoints import RequestFailed, invocations_url
 from inference.endpoints import first_line as _first_line
 from inference.endpoints import runtime_client as new_runtime_client

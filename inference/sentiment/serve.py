@@ -10,7 +10,7 @@ the container loads it: `<model dir>/code/inference.py` when the archive carries
 `inference/sentiment/inference.py`. `--model-dir` takes a saved model directory or a `model.tar.gz`.
 
 SIGTERM or Ctrl-C, to the process or its group, once or repeated, while the model loads or while serving, stops
-it (`inference.processes`): the port is closed, an extracted archive removed, and it exits 0 after SIGTERM, 130
+it (`common.processes`): the port is closed, an extracted archive removed, and it exits 0 after SIGTERM, 130
 after SIGINT.
 
     python -m inference.sentiment.serve --model-dir artifacts/model.tar.gz --port 8080
@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
 
-from inference import processes
+from common import processes
 
 LOG = logging.getLogger("inference.sentiment.serve")
 PROG = "python -m inference.sentiment.serve"

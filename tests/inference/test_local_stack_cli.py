@@ -15,7 +15,7 @@ import sys
 import psutil
 import pytest
 
-from inference import processes
+from common import processes
 from inference.sentiment import local_stack
 from tests.inference.test_signals import SERVERS
 from tests.signal_harness import free_port, run_case

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from inference import processes
+from common import processes
 from inference.sentiment import local_stack
 from inference.sentiment.server import local as image_server
 from tests import fake_lmi

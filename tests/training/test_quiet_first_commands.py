@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from inference.sentiment import library_warnings
-from inference.sentiment.library_warnings import UNACTIONABLE, drop_unactionable_library_warnings
+from common import library_warnings
+from common.library_warnings import UNACTIONABLE, drop_unactionable_library_warnings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE = REPO_ROOT / "Makefile"

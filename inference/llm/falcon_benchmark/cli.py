@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from inference.cli_types import fraction, non_negative_int, positive, positive_int_list
+from common.cli_types import fraction, non_negative_int, positive, positive_int_list
 from inference.llm.falcon_benchmark.aws import Account, CdkRunner
 from inference.llm.falcon_benchmark.recipe import DEFAULT_CONCURRENCY, MODES, SHAPES, default_modes
 from inference.llm.falcon_benchmark.run import (

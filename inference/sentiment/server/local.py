@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from inference import processes
+from common import processes
 
 ROOT = Path(__file__).resolve().parents[3]
 IMAGE_VENV = ROOT / ".venv-image"

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from inference.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
+from common.cli_types import fraction, non_negative_int, positive, positive_int, positive_int_list
 
 
 @pytest.mark.parametrize(("parse", "text", "value"), [

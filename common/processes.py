@@ -156,8 +156,8 @@ def poll(process: subprocess.Popen) -> int | None:
     acquire is outside of (CPython 3.11 `subprocess.py`, `_internal_poll` and `_wait`). A handler that raises just
     after the acquire leaves the lock taken: from then on poll() says "running" for ever, wait(t) waits all of t
     and wait() never returns. With a raising handler, in a loop of poll() on the 2-vCPU Zen 2, 1 to 2 in 1,000
-    signals sent from another process did that, and 1 in 4 from a timer (tests/test_processes.py reproduces it). The
-    signal is deferred to the end of the call and raised there.
+    signals sent from another process did that, and 1 in 4 from a timer (tests/common/test_processes.py reproduces
+    it). The signal is deferred to the end of the call and raised there.
     """
     with deferred_stop_signals():
         return process.poll()

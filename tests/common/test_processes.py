@@ -1,4 +1,4 @@
-"""inference.processes: stop_tree finds what a child started even when it escaped the child's session, and
+"""common.processes: stop_tree finds what a child started even when it escaped the child's session, and
 escalates to SIGKILL for what ignores SIGTERM; a repeated signal cannot interrupt the clean-up."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import textwrap
 import psutil
 import pytest
 
-from inference import processes
+from common import processes
+from tests.conftest import REPO_ROOT
 
 # A child that starts a grandchild in a session of its own (as a daemonizing server does), prints its PID, waits.
 ESCAPER = textwrap.dedent("""
@@ -66,7 +67,7 @@ def test_stop_tree_kills_what_ignores_sigterm():
 # A program that cleans up for a while after the first signal and records every signal it gets.
 CLEANER = textwrap.dedent("""
     import sys, time
-    from inference import processes
+    from common import processes
     state = processes.install_stop_handlers()
     try:
         print("ready", flush=True)
@@ -84,7 +85,7 @@ CLEANER = textwrap.dedent("""
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
 def test_repeated_signals_during_the_clean_up_are_ignored(signum, status):
     process = subprocess.Popen([sys.executable, "-c", CLEANER], stdout=subprocess.PIPE, text=True,
-                               cwd=processes.Path(__file__).resolve().parents[1])
+                               cwd=REPO_ROOT)
     try:
         assert process.stdout.readline() == "ready\n"
         process.send_signal(signum)
@@ -105,7 +106,7 @@ def test_repeated_signals_during_the_clean_up_are_ignored(signum, status):
 POPEN_RACE = textwrap.dedent("""
     import os, signal, subprocess, sys
     from pathlib import Path
-    from inference import processes
+    from common import processes
     from inference.sentiment.server import local
 
     processes.install_stop_handlers()
@@ -137,7 +138,7 @@ POPEN_RACE = textwrap.dedent("""
 def test_a_stop_signal_during_popen_cannot_lose_the_child(signum):
     completed = subprocess.run([sys.executable, "-c", POPEN_RACE.format(signal=signal.Signals(signum).name)],
                                capture_output=True, text=True, timeout=120,
-                               cwd=processes.Path(__file__).resolve().parents[1])
+                               cwd=REPO_ROOT)
     assert completed.stdout.strip() == f"stopped {signal.Signals(signum).name} child stopped by LocalServer.stop", (
         completed.stdout + completed.stderr[-2000:])
 
@@ -148,7 +149,7 @@ def test_a_stop_signal_during_popen_cannot_lose_the_child(signum):
 # often). Then the child is killed, and must be seen to exit.
 POLL_RACE = textwrap.dedent("""
     import os, random, signal, subprocess, sys
-    from inference import processes
+    from common import processes
 
     class Stop(BaseException):
         pass
@@ -183,7 +184,7 @@ def test_a_stop_signal_during_poll_cannot_hide_the_childs_exit(signum):
     docstring); `subprocess.Popen.poll` in place of `processes.poll` prints "exit not seen" here."""
     completed = subprocess.run([sys.executable, "-c", POLL_RACE.format(signal=signal.Signals(signum).name),
                                 "processes.poll"], capture_output=True, text=True, timeout=120,
-                               cwd=processes.Path(__file__).resolve().parents[1])
+                               cwd=REPO_ROOT)
     assert completed.stdout.strip() == f"exit seen: {-signal.SIGKILL}", completed.stdout + completed.stderr[-2000:]
 
 
