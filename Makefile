@@ -8,8 +8,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Extra CDK arguments, e.g. make synth CDK_ARGS="-c falcon.enabled=true"
 CDK_ARGS ?=
-# Extra pytest arguments for make test, given to every lane (tests/lanes.py), e.g. make test PYTEST_ARGS="-x"
+# Extra pytest arguments for make test, e.g. make test PYTEST_ARGS="-x" or PYTEST_ARGS="-n 0" (one process)
 PYTEST_ARGS ?=
+# One pytest run over pytest-xdist workers, grouped by module (each module's fixtures are built once; tests/conftest.py
+# shares what several modules build). Tests mostly wait on the servers and tools they start, so more workers than
+# cores keep the CPUs busy.
+PYTEST_WORKERS ?= -n 3 --dist loadscope
 
 # jsii prints an end-of-life banner on Node 20; the CLI must not phone home from CI or offline desks.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -26,19 +30,33 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 help:  ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
 
-$(PY):
-	python3 -m venv $(VENV)
+# Every venv is made and filled by uv, pinned here: it resolves and installs in parallel and links each package
+# from its cache (~/.cache/uv), so a second venv with the same packages (.venv-image beside .venv) costs seconds,
+# not a second unpack. uv does not read pip's configuration: where pip finds torch's CPU wheel in a local folder
+# (PIP_FIND_LINKS or pip's find-links, as on this project's machines), uv is pointed there too; elsewhere PyPI's
+# torch==2.13.0 is the multi-GB CUDA build (TORCH_INDEX below names the CPU index for the image venv).
+UV_VERSION := 0.13.9
+UV := build/uv/bin/uv
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
+UV_INSTALL = $(UV) pip install --quiet $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+
+$(UV):
+	python3 -m venv build/uv
+	build/uv/bin/python -m pip install --quiet uv==$(UV_VERSION)
+
+$(PY): | $(UV)
+	$(UV) venv --quiet --seed --python python3 $(VENV)
 
 $(VENV)/.runtime: $(PY) requirements.txt constraints.txt
-	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(UV_INSTALL) --python $(PY) -r requirements.txt -c constraints.txt
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt training/requirements.txt constraints.txt
-	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(UV_INSTALL) --python $(PY) -r requirements-dev.txt -c constraints.txt
 	touch $@
 
 $(VENV)/.infra: $(VENV)/.runtime requirements-infra.txt constraints.txt
-	$(PY) -m pip install --quiet -r requirements-infra.txt -c constraints.txt
+	$(UV_INSTALL) --python $(PY) -r requirements-infra.txt -c constraints.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -79,7 +97,7 @@ test-tools:
 
 test: install-dev test-tools  ## lint, then the whole test suite
 	$(PY) -m ruff check .
-	REQUIRE_SERVING_STACK=1 $(PY) tests/lanes.py -- $(PYTEST_ARGS)
+	REQUIRE_SERVING_STACK=1 $(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
 INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_settings_cli.py \
@@ -177,13 +195,13 @@ IMAGE_REQUIREMENTS := $(IMAGE_DIR)/requirements.txt
 IMAGE_LOCKS := $(IMAGE_DIR)/torch.lock $(IMAGE_DIR)/requirements.lock
 # Where torch's CPU wheel comes from off this machine, e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 TORCH_INDEX ?=
-$(IMAGE_VENV)/.installed: $(IMAGE_LOCKS)
-	test -x $(IMAGE_VENV)/bin/python || python3 -m venv $(IMAGE_VENV)
-	$(IMAGE_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps \
+$(IMAGE_VENV)/.installed: $(IMAGE_LOCKS) | $(UV)
+	test -x $(IMAGE_VENV)/bin/python || $(UV) venv --quiet --python python3 $(IMAGE_VENV)
+	$(UV_INSTALL) --python $(IMAGE_VENV)/bin/python --require-hashes --no-deps \
 	  $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r $(IMAGE_DIR)/torch.lock
-	$(IMAGE_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: \
+	$(UV_INSTALL) --python $(IMAGE_VENV)/bin/python --require-hashes --no-deps --only-binary :all: \
 	  -r $(IMAGE_DIR)/requirements.lock
-	$(IMAGE_VENV)/bin/python -m pip check
+	$(UV) pip check --quiet --python $(IMAGE_VENV)/bin/python
 	touch $@
 
 image-venv: $(IMAGE_VENV)/.installed  ## the serving image's locked Python packages in .venv-image (no Docker)
@@ -196,23 +214,21 @@ PY313 ?= $(shell for python in $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/pyth
   "$$python" -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null && echo "$$python" && break; done)
 PY313_VENV := .venv-image-py313
 PY313_PACKAGES := starlette anyio idna typing-extensions uvicorn click h11 packaging pygments
-$(PY313_VENV)/.installed: $(IMAGE_LOCKS) constraints.txt
+$(PY313_VENV)/.installed: $(IMAGE_LOCKS) constraints.txt | $(UV)
 	@if [ -z "$(PY313)" ]; then echo "no CPython 3.13 here: $(PY313_VENV) not built (its test skips)"; exit 0; fi; \
-	set -e; test -x $(PY313_VENV)/bin/python || $(PY313) -m venv $(PY313_VENV); \
+	set -e; test -x $(PY313_VENV)/bin/python || $(UV) venv --quiet --python $(PY313) $(PY313_VENV); \
 	$(PY) -m inference.sentiment.image.supply_chain subset $(PY313_PACKAGES) > $(PY313_VENV)/server.lock; \
-	$(PY313_VENV)/bin/python -m pip install --quiet --require-hashes --no-deps --only-binary=:all: \
+	$(UV_INSTALL) --python $(PY313_VENV)/bin/python --require-hashes --no-deps --only-binary :all: \
 	  -r $(PY313_VENV)/server.lock; \
-	$(PY313_VENV)/bin/python -m pip install --quiet --no-deps -c constraints.txt pytest iniconfig pluggy; \
-	$(PY313_VENV)/bin/python -m pip check; touch $@
+	$(UV_INSTALL) --python $(PY313_VENV)/bin/python --no-deps -c constraints.txt pytest iniconfig pluggy; \
+	$(UV) pip check --quiet --python $(PY313_VENV)/bin/python; touch $@
 
 image-venv-py313: $(PY313_VENV)/.installed  ## the server's pure-Python packages on CPython 3.13 (when one exists here)
 
 # Re-resolve requirements.lock from requirements.txt for the image's platform (PyPI; uv in a throwaway venv).
 # torch is left out here (PyPI's aarch64 torch is the CUDA build): its CPU wheel's hashes live in torch.lock.
-UV_VERSION := 0.13.9
-image-lock:  ## after changing inference/sentiment/image/requirements.txt: re-lock it with hashes (needs PyPI)
-	test -x build/uv/bin/uv || { python3 -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION); }
-	grep -v '^torch==' $(IMAGE_REQUIREMENTS) | build/uv/bin/uv pip compile - --no-config --quiet \
+image-lock: | $(UV)  ## after changing inference/sentiment/image/requirements.txt: re-lock it with hashes (needs PyPI)
+	grep -v '^torch==' $(IMAGE_REQUIREMENTS) | $(UV) pip compile - --no-config --quiet \
 	  --index-url https://pypi.org/simple --only-binary :all: --generate-hashes \
 	  --python-platform aarch64-manylinux_2_28 --python-version 3.13 \
 	  --custom-compile-command "make image-lock" -o $(IMAGE_DIR)/requirements.lock

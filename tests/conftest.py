@@ -126,21 +126,6 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
     return pytest.mark.skip(reason=missing)
 
 
-def pytest_collection_modifyitems(config, items):
-    """make test's lanes collect only their folders (tests/lanes.py): a test whose markers send it to a lane that
-    does not collect its folder would run in no lane."""
-    from tests.lanes import LANE_TESTPATHS, lane_of
-
-    stray = []
-    for item in items:
-        lane = lane_of({marker.name for marker in item.iter_markers()})
-        folders = [REPO_ROOT / folder for folder in LANE_TESTPATHS.get(lane, ())]
-        if folders and not any(folder in item.path.parents for folder in folders):
-            stray.append(f"{item.nodeid} (lane {lane} collects {', '.join(LANE_TESTPATHS[lane])})")
-    if stray:
-        raise pytest.UsageError("make test would run these in no lane (tests/lanes.py): " + "; ".join(stray))
-
-
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("missing_prerequisite")
     if marker is not None:

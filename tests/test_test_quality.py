@@ -151,6 +151,12 @@ def unexplained_skips(path: Path) -> list[str]:
     return sorted(problems, key=lambda problem: int(problem.split(":")[1].split()[0]))
 
 
+def package_skips(path: Path) -> list[str]:
+    return [f"{_display(path)}:{call.lineno} pytest.importorskip: import it (a missing package must fail)"
+            for call in ast.walk(_parse(path))
+            if isinstance(call, ast.Call) and _dotted(call.func) == "pytest.importorskip"]
+
+
 def test_every_test_has_an_assertion():
     modules = _test_modules()
     assert len(modules) > 40  # the walk found the suite
@@ -159,6 +165,10 @@ def test_every_test_has_an_assertion():
 
 def test_every_skip_says_why():
     assert [problem for path in _test_modules() for problem in unexplained_skips(path)] == []
+
+
+def test_no_test_skips_for_a_missing_package():
+    assert [problem for path in _test_modules() for problem in package_skips(path)] == []
 
 
 # --- the check can fail -------------------------------------------------------------------------------------------
@@ -218,6 +228,8 @@ def test_the_check_finds_tests_that_cannot_fail_and_unexplained_skips(tmp_path):
     assert weak == ["test_nothing", "test_only_calls_code", "test_imports_or_skips"]
     assert skips == ["pytest.mark.skip without a reason", "pytest.mark.skipif without a reason",
                      "pytest.importorskip without a reason", "pytest.skip without a reason"]
+    assert [line.split(" ", 1)[1] for line in package_skips(module)] == [
+        "pytest.importorskip: import it (a missing package must fail)"]
 
 
 @pytest.mark.parametrize("ci", ["true", ""])

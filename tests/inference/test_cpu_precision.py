@@ -57,6 +57,7 @@ CPU revision\t: 1
 """
 
 
+@pytest.mark.py313
 def test_graviton2_has_no_bf16_and_graviton3_has():
     assert bf16_support(GRAVITON2) == Bf16Support(False, "aarch64: 1 of 1 processors list no bf16 in Features",
                                                   "aarch64")
@@ -67,10 +68,12 @@ def test_graviton2_has_no_bf16_and_graviton3_has():
     assert bf16_support("processor\t: 0\n") == Bf16Support(False, "no Features or flags lines in /proc/cpuinfo")
 
 
+@pytest.mark.py313
 def test_svebf16_alone_is_not_bf16():
     assert not bf16_support(GRAVITON2.replace(" ssbs\n", " ssbs svebf16\n")).available
 
 
+@pytest.mark.py313
 def test_x86_needs_avx512_bf16_or_amx_bf16_on_every_processor():
     text = Path("/proc/cpuinfo").read_text()
     flags = next(line for line in text.splitlines() if line.startswith("flags"))
@@ -86,7 +89,7 @@ def test_x86_needs_avx512_bf16_or_amx_bf16_on_every_processor():
 def test_this_machines_verdict_is_onednns():
     """On this machine's real /proc/cpuinfo, the verdict agrees with what oneDNN itself detects (the x86 CPUs these
     tests run on differ: some have AVX512-BF16, some not; FACTS.md "CPU precision")."""
-    torch = pytest.importorskip("torch", reason="needs torch (not in the CPython 3.13 server venv)")
+    import torch
 
     cpu = this_cpu()
     assert cpu.machine == "x86_64" or cpu.machine == "aarch64"
@@ -110,6 +113,7 @@ def gate(bf16_ms=60.0, int8_ms=90.0, bf16_passes=True) -> list[Figures]:
             Figures("int8", 1.0, 0.005, int8_ms)]
 
 
+@pytest.mark.py313
 def test_the_record_keeps_accuracy_apart_from_speed(tmp_path):
     record = write_record(tmp_path, gate(bf16_passes=False),
                           {"machine": "x86_64", "cpu": "AMD EPYC", "bf16_instructions": False})
@@ -122,6 +126,7 @@ def test_the_record_keeps_accuracy_apart_from_speed(tmp_path):
     assert write_record(tmp_path, passing, {"machine": "x86_64", "bf16_instructions": True})["precision"] == "bf16"
 
 
+@pytest.mark.py313
 @pytest.mark.parametrize(("cpu", "measured_on", "figures", "expected", "why"), [
     # Timed elsewhere (an x86 packager): the default order for the serving CPU.
     # (ONNX Runtime's pairs lead the default order where they passed and the archive has their graphs: no graphs
@@ -153,6 +158,7 @@ def test_the_server_picks_the_fastest_gate_passed_precision_its_cpu_runs(tmp_pat
         assert reason == why
 
 
+@pytest.mark.py313
 def test_archives_without_a_record_and_old_records_keep_working(tmp_path):
     assert precisions.choose_explained(tmp_path, None, BF16_CPU) == (
         "fp32", "the model has no precision.json (packaged before the accuracy gate)")
@@ -165,6 +171,7 @@ def test_archives_without_a_record_and_old_records_keep_working(tmp_path):
     assert precisions.choose(tmp_path, None, NO_BF16_CPU) == "fp32"
 
 
+@pytest.mark.py313
 def test_an_override_is_served_on_any_cpu_but_says_what_bf16_costs_without_instructions(tmp_path):
     write_record(tmp_path, gate())
     chosen, reason = precisions.choose_explained(tmp_path, "bf16", NO_BF16_CPU)
@@ -179,7 +186,6 @@ def test_an_override_is_served_on_any_cpu_but_says_what_bf16_costs_without_instr
 
 
 def test_the_settings_accept_graviton2_and_refuse_bf16_there():
-    pytest.importorskip("pydantic", reason="the settings need pydantic (not in the CPython 3.13 server venv)")
     from settings import SettingsError, load_settings
 
     for instance_type in ("ml.c6g.4xlarge", "ml.m6g.2xlarge", "ml.r6g.xlarge"):

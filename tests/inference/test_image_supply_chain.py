@@ -132,7 +132,7 @@ def test_the_image_check_fails_on_another_or_a_missing_onnxruntime(tmp_path):
 
 
 def test_the_image_check_names_another_torch_and_one_without_onednn(monkeypatch):
-    torch = pytest.importorskip("torch", reason="needs torch (not in the CPython 3.13 server venv)")
+    import torch
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     found, _ = image_check.torch_problems("2.14.0+cpu")
     assert found == [f"torch {torch.__version__} installed, the lock pins 2.14.0+cpu",
@@ -143,9 +143,9 @@ def test_the_image_check_names_another_torch_and_one_without_onednn(monkeypatch)
 
 def test_the_checks_matmul_graph_is_valid_onnx_and_runs():
     """The graph image_check writes in bytes (the image has no onnx package) against onnx's own checker, and run."""
-    onnx = pytest.importorskip("onnx", reason="needs the onnx package (the training venv's)")
-    onnxruntime = pytest.importorskip("onnxruntime", reason="needs onnxruntime")
     import numpy
+    import onnx
+    import onnxruntime
 
     model = onnx.load_from_string(image_check.matmul_graph())
     onnx.checker.check_model(model, full_check=True)

@@ -16,8 +16,13 @@ import threading
 import time
 import types
 
+import pytest
+
 from inference.sentiment.server.app import build_app
 from inference.sentiment.server.batcher import Batcher
+
+# Also run by tests/inference/test_python313.py under CPython 3.13, the image's Python.
+pytestmark = pytest.mark.py313
 
 LABELS = ("negative", "neutral", "positive")
 

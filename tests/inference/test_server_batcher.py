@@ -12,6 +12,9 @@ import pytest
 
 from inference.sentiment.server.batcher import Batcher, DeadlineExceeded, Overloaded, Stopped
 
+# Also run by tests/inference/test_python313.py under CPython 3.13, the image's Python.
+pytestmark = pytest.mark.py313
+
 
 class Recorder:
     """run_batch that answers each item with its upper-case self and records every batch it was given."""
