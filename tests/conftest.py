@@ -12,6 +12,9 @@ import pytest
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Idle OpenMP threads sleep instead of spinning, here and in every process a test starts (servers set the same
+# default for themselves): with several xdist workers on 2 cores, spinning threads burn the CPU the others need.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -124,6 +127,35 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
     if os.environ.get("CI", "").lower() == "true":
         return pytest.mark.missing_prerequisite(missing)
     return pytest.mark.skip(reason=missing)
+
+
+# Top-level packages whose use in a test module's own process starts jsii (about 5 s, and each synthesized
+# configuration is built once per process): such modules share one xdist worker.
+CDK_PACKAGES = ("aws_cdk", "cdk_nag", "constructs", "stacks")
+
+
+def _synthesizes_in_process(module, items) -> bool:
+    if any("synthesized" in item.fixturenames for item in items):
+        return True
+    for value in vars(module).values():
+        name = getattr(value, "__module__", None) or getattr(value, "__name__", None)
+        if isinstance(name, str) and name.split(".")[0] in CDK_PACKAGES:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """make test's xdist groups (`--dist loadgroup`): each module's tests run on one worker, so a module-scoped
+    fixture (a server, a two-node run) is built once; the modules that synthesize in-process share one worker, so
+    jsii starts and each configuration is synthesized once. A test's own `xdist_group` mark wins."""
+    modules: dict[object, list] = {}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            modules.setdefault(item.module, []).append(item)
+    for module, module_items in modules.items():
+        group = "cdk" if _synthesizes_in_process(module, module_items) else module.__name__
+        for item in module_items:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_setup(item):

@@ -31,8 +31,7 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
                           timeout=300)
 
 
-@pytest.mark.parametrize(("context", "expected"), [
-    ({"env": "nope"}, "error: invalid setting env='nope': expected one of dev, staging, prod, smoke"),
+BAD_SETTINGS = [
     ({"falcon.tensor_parallel_degree": "three"},
      "error: invalid setting falcon.tensor_parallel_degree='three': expected one of 1, 2, 4, 8"),
     # issue 20: an unknown key (with the nearest name), a wrong type, an out-of-range value, a wrong choice
@@ -43,11 +42,27 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
      "error: invalid setting sentiment.min_instances='two': expected an integer from 1 to 20"),
     ({"network.nat_gateways": "3"}, "error: invalid setting network.nat_gateways='3': expected a value from 1 to 2"),
     ({"training.backend": "batch"}, "error: invalid setting training.backend='batch': expected one of ec2, sagemaker"),
-])
-def test_bad_setting_exits_1_with_one_line(tmp_path, context, expected):
-    result = run_app(context, tmp_path)
+]
+
+
+def test_bad_setting_exits_1_with_one_line(tmp_path):
+    """The app as a process, once: exit status 1, one line on stderr, no assembly."""
+    result = run_app({"env": "nope"}, tmp_path)
     assert result.returncode == 1
     [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: invalid setting env='nope': expected one of dev, staging, prod, smoke"), line
+    assert not (tmp_path / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(("context", "expected"), BAD_SETTINGS)
+def test_bad_settings_stop_the_app_with_the_line_it_prints(tmp_path, monkeypatch, capsys, context, expected):
+    """More bad settings through `app.main`, in this process: the line it prints and its status."""
+    import app
+    from stacks import environment
+
+    monkeypatch.setattr(app, "new_app", lambda: environment.new_app(context=context, outdir=str(tmp_path)))
+    assert app.main() == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(expected), line
     assert not (tmp_path / "manifest.json").exists()
 

@@ -11,10 +11,11 @@ import pytest
 from settings import load_settings
 from settings.patch_windows import TODAY_ENV, WINDOWS, check, deployed_images
 from settings.training import EC2_IMAGE_TAGS, SAGEMAKER_IMAGE_TAGS, TrainingSettings
+from stacks.environment import build_app, new_app
 from stacks.images import DLC_ACCOUNTS, dlc_image_uri
+from stacks.nag import add_checks
 from stacks.sagemaker_training import TRAINING_REPOSITORY as SAGEMAKER_REPOSITORY
 from stacks.training import TRAINING_REPOSITORY as EC2_REPOSITORY
-from tests.test_cli import run_app
 
 AFTER_UBUNTU = "2027-02-01"
 
@@ -66,12 +67,15 @@ def test_no_training_image_is_near_its_end_of_patch_on_2027_02_01(backend):
     assert "ends patching on 2027-04-30" in warning
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ec2", "sagemaker"])
 def test_synth_with_training_on_prints_no_patch_window_warning_after_the_ubuntu_image_ends(tmp_path, monkeypatch,
-                                                                                          backend):
+                                                                                          capfd, backend):
+    """What `app.py` runs, in this process (tests/test_cli.py runs the app itself, once): nothing on stderr."""
     monkeypatch.setenv(TODAY_ENV, AFTER_UBUNTU)
-    result = run_app({"env": "dev", "training.enabled": "true", "training.backend": backend}, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "warning:" not in result.stderr, result.stderr
+    app = new_app(context={"env": "dev", "training.enabled": "true", "training.backend": backend},
+                  outdir=str(tmp_path))
+    build_app(app)
+    add_checks(app)
+    app.synth()
+    assert "warning:" not in capfd.readouterr().err
     assert (tmp_path / "manifest.json").is_file()
