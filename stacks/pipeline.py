@@ -28,10 +28,13 @@ ASSET_BUILD_IMAGE = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_3_0
 # the CLI that synthesizes and that self-mutation installs (`npm install -g aws-cdk@<cli_version>`, default "2").
 # cdk-assets 4.7.3 is one bundled file with no dependencies, so each run installs the same code, and it reads cloud
 # assembly schema 54.x only: aws-cdk-lib stays at 2.273.0, the newest release that writes 54 (requirements.txt).
+# tests/test_pipeline_publishing.py runs the node_modules copy on the pipeline's manifests, so a publisher that cannot
+# read them fails `make test` instead of a deploy.
 # Attestations: buildx adds a provenance attestation by default, which makes the pushed image an OCI image index
 # (refused by SageMaker's CreateModel). cdk-assets 4.7.3 sets this variable for its `docker build` itself and hands
-# its own environment to docker (`env: {...process.env, ...options.env}`); set on the projects as well, it keeps
-# attestations off should a release drop that (docs.docker.com/build/building/variables/).
+# its own environment to docker (`env: {...process.env, ...options.env}`; the test reads both in its bundle); set
+# on the projects as well, it keeps attestations off should a release drop that
+# (docs.docker.com/build/building/variables/).
 ASSET_BUILD_ENVIRONMENT = {"BUILDX_NO_DEFAULT_ATTESTATIONS": "1"}
 
 
