@@ -181,7 +181,7 @@ def test_the_pinned_cdk_assets_builds_the_serving_image_as_the_manifest_asks_wit
     assert "...process.env,\n              ...options.env," in source
 
 
-# --- errors ---------------------------------------------------------------------
+# --- errors and what `make synth-pipeline` prints ---------------------------------------------------------------------
 
 @pytest.mark.parametrize(("dependencies", "message"), [
     ({"aws-cdk": "2.1148.1"}, "package.json: devDependencies.cdk-assets is missing: expected an exact version"),
@@ -194,3 +194,13 @@ def test_a_tool_not_pinned_exactly_is_refused_naming_key_value_and_what_is_allow
     package_json.write_text(json.dumps({"devDependencies": dependencies}))
     with pytest.raises(ToolchainError, match=re.escape(message)):
         pinned(CDK_ASSETS, package_json)
+
+
+def test_the_synth_summary_names_each_tool_the_pipeline_installs(synthesized, capsys):
+    from stacks.summary import main
+
+    assert main([str(synthesized("pipeline-sentiment").outdir)]) == 0
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pipeline installs: ")]
+    publishers = len(_publishers(_pipeline(synthesized)))
+    assert line == (f"pipeline installs: aws-cdk@{cdk_cli_version()} (1 project), "
+                    f"cdk-assets@{cdk_assets_version()} ({publishers} projects)")
