@@ -162,10 +162,11 @@ def test_sagemaker_backend_settings_and_derived_values():
      "training.spot_max_wait_hours=2: expected at least training.max_hours (6)"),
     ({"training.backend": "sagemaker", "training.sagemaker_image_tag": "2.13.0-cu133-amzn2023"},
      "invalid setting training.sagemaker_image_tag='2.13.0-cu133-amzn2023': expected one of "
-     "2.13-cu133-amzn2023-sagemaker, 2.12-cu130-amzn2023-sagemaker, 2.11-cu130-amzn2023-sagemaker"),
+     "2.14-cu133-amzn2023-sagemaker, 2.13-cu133-amzn2023-sagemaker, 2.12-cu130-amzn2023-sagemaker, "
+     "2.11-cu130-amzn2023-sagemaker"),
     ({"training.base_image_tag": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"},
      "invalid setting training.base_image_tag='2.10.0-gpu-py313-cu130-ubuntu22.04-ec2': expected one of "
-     "2.13.0-cu133-amzn2023, 2.12.1-cu130-amzn2023, 2.11.0-cu130-amzn2023"),
+     "2.14.0-cu133-amzn2023, 2.13.0-cu133-amzn2023, 2.12.1-cu130-amzn2023, 2.11.0-cu130-amzn2023"),
     ({"training.min_macro_recall": "1.5"}, "training.min_macro_recall='1.5': expected a value from 0 to 1"),
 ])
 def test_sagemaker_backend_refuses_inconsistent_settings(overrides, message):
