@@ -48,6 +48,37 @@ def text(pattern: str, allowed: str) -> Any:
     return Annotated[str, StringConstraints(pattern=pattern), Allowed(allowed)]
 
 
+# S3's rules for bucket names that the URI patterns below check (docs.aws.amazon.com/AmazonS3/latest/userguide/
+# bucketnamingrules.html); S3 has more (no '..', no IP address form), which S3 itself enforces.
+S3_BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+_BUCKET_CHARACTERS = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
+
+
+def s3_uri_problem(value: str, key_ending: str) -> str | None:
+    """What keeps `value` from being `s3://<bucket>/<key>` with a key ending in `key_ending` (after at least one
+    character), in words; None when nothing does. The same rules as `s3_uri_pattern` (a test holds them together)."""
+    if not value.startswith("s3://"):
+        return "it does not start with s3://"
+    bucket, _, key = value.removeprefix("s3://").partition("/")
+    if not 3 <= len(bucket) <= 63:
+        return (f"its bucket name {bucket!r} is {len(bucket)} character{'' if len(bucket) == 1 else 's'} long; S3 "
+                "bucket names are 3 to 63 characters")
+    if wrong := sorted(set(bucket) - _BUCKET_CHARACTERS):
+        return (f"its bucket name {bucket!r} holds {', '.join(map(repr, wrong))}; S3 bucket names hold only "
+                "lowercase letters, digits, '.' and '-'")
+    if not (bucket[0].isalnum() and bucket[-1].isalnum()):
+        return f"its bucket name {bucket!r} must begin and end with a lowercase letter or a digit"
+    if not key:
+        return "it names no object key after the bucket"
+    if len(key) <= len(key_ending) or not key.endswith(key_ending) or "\n" in key:
+        return f"its object key {key!r} does not end in {key_ending}"
+    return None
+
+
+def s3_uri_pattern(key_ending: str) -> str:
+    return rf"^s3://{S3_BUCKET}/.+{re.escape(key_ending)}$"
+
+
 AwsRegion = text(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$", "an AWS region name such as us-west-2")
 AwsAccount = text(r"^\d{12}$", "a 12-digit AWS account id")
 Ec2InstanceType = text(r"^[a-z][a-z0-9-]*\.[0-9]*[a-z0-9]+$", "an EC2 instance type such as p4d.24xlarge")

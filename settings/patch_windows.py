@@ -5,10 +5,11 @@ date comes from. Synth (`stacks.environment.build_environment`) asks `check` abo
 deploys: within `WARN_DAYS` of the date it prints a warning; after the date it refuses, unless
 `allow_unpatched_images=true`. Dates of AWS's Deep Learning Containers come from their support policy data at
 aws/deep-learning-containers e0ecedea (2026-08-21): `docs/src/data/<repository>/<version>-....yml` (`ga`, `eop`)
-and `docs/src/legacy/legacy_support.yml`. LMI (DJL Serving) images are not in that table (their `djl-inference`
-files carry no `eop`) and the policy text states no rule for them, so their dates are derived: GA + 1 year, the
-interval AWS's data gives every PyTorch training release (pytorch-training 2.8-2.10 and pytorch 2.11-2.13: `eop` = `ga`
-+ 1 year), with GA from the release's DJL Serving branch or AWS's data commit; such rows say so.
+and `docs/src/legacy/legacy_support.yml`; pytorch 2.14's files came later (dee632b1, 1f8757ef), which its rows
+cite. LMI (DJL Serving) images are not in that table (their `djl-inference` files carry no `eop`) and the policy
+text states no rule for them, so their dates are derived: GA + 1 year, the interval AWS's data gives every PyTorch
+training release (pytorch-training 2.8-2.10 and pytorch 2.11-2.14: `eop` = `ga` + 1 year), with GA from the
+release's DJL Serving branch or AWS's data commit; such rows say so.
 Training runs on AWS's Amazon Linux 2023 `pytorch` images: the policy page at e0ecedea
 (docs/src/templates/reference/support_policy.template.md) says Ubuntu-based PyTorch 2.8-2.10 images cannot be fully
 patched (no Ubuntu Pro licence) and recommends them; the Ubuntu `pytorch-training` 2.10 image ends patching 2027-01-21.
@@ -43,15 +44,19 @@ def _lmi(tag: str, ga: date, ga_source: str) -> PatchWindow:
     return PatchWindow(f"djl-inference:{tag}", ga.replace(year=ga.year + 1), _LMI_RULE + f"{ga} ({ga_source})")
 
 
-def _training(version: str, platform: str, end: date) -> PatchWindow:
+def _training(version: str, platform: str, end: date, data: str = _DLC) -> PatchWindow:
     label = {"ec2": "EC2", "sagemaker": "SageMaker"}[platform]
     return PatchWindow(f"pytorch {version} Amazon Linux 2023 ({label})", end,
-                       f"{_DLC}/data/pytorch/{version}-cuda-{platform}.yml eop")
+                       f"{data}/data/pytorch/{version}-cuda-{platform}.yml eop")
 
 
 # Keys: what `deployed_images` names. Training tags are keyed by framework version and platform; the versions are
-# settings.training's EC2_IMAGE_TAGS and SAGEMAKER_IMAGE_TAGS (a test checks both have rows).
+# settings.training's EC2_IMAGE_TAGS and SAGEMAKER_IMAGE_TAGS (a test checks both have rows). 2.14's data files came
+# after e0ecedea: each row names the commit it was read at (ga 2026-09-28 in both).
 WINDOWS: dict[str, PatchWindow] = {
+    "pytorch:2.14-ec2": _training("2.14", "ec2", date(2027, 9, 28), "aws/deep-learning-containers dee632b1 docs/src"),
+    "pytorch:2.14-sagemaker": _training("2.14", "sagemaker", date(2027, 9, 28),
+                                        "aws/deep-learning-containers 1f8757ef docs/src"),
     **{f"pytorch:{version}-{platform}": _training(version, platform, end)
        for version, end in (("2.13", date(2027, 7, 20)), ("2.12", date(2027, 7, 2)), ("2.11", date(2027, 4, 30)))
        for platform in ("ec2", "sagemaker")},

@@ -6,20 +6,30 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from settings.fields import SageMakerInstanceType, SettingsError, section, setting, text
+from settings.fields import SageMakerInstanceType, SettingsError, s3_uri_pattern, s3_uri_problem, section, setting, text
 
 # LMI releases offered (inference/llm/lmi/versions.py says what each one does and what was checked). 0.36.0 names
 # two images (lmi27, lmi28), so the 0.36 and later releases carry their LMI number.
 LMI_VERSIONS = ("0.23.0", "0.33.0", "0.35.0", "0.36.0-lmi27", "0.36.0-lmi28", "0.38.0-lmi29")
 
-ModelArchive = text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+\.tar\.gz$", "an s3:// URI of a model.tar.gz")
-S3Prefix = text(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/.+/$", "an s3:// prefix ending in /")
+# S3 locations, described in words, and when refused, what is wrong (`_s3_location`).
+ARCHIVE_WORDS = "an s3:// URI of a model.tar.gz"
+PREFIX_WORDS = "an s3:// prefix ending in /"
+ModelArchive = text(s3_uri_pattern(".tar.gz"), ARCHIVE_WORDS)
+S3Prefix = text(s3_uri_pattern("/"), PREFIX_WORDS)
 HubModelId = text(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", "a Hugging Face model id such as tiiuae/falcon-40b")
 # A Secrets Manager secret name, or its ARN.
 SecretName = text(r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[A-Za-z0-9/_+=.@-]{1,512}$",
                   "a Secrets Manager secret name or ARN")
 ConfigJsonPath = text(r"^\S+\.json$", "a path to a model's config.json file")
 HubRevision = text(r"^[A-Za-z0-9][\w.-]{0,99}$", "a Hugging Face revision: a commit hash, tag or branch name")
+
+
+def _s3_location(key: str, value: object, key_ending: str, words: str) -> object:
+    """A refused S3 location's error says what is wrong with it, not only what is allowed."""
+    if isinstance(value, str) and (problem := s3_uri_problem(value.strip(), key_ending)):
+        raise SettingsError(key, value, f"{words} ({problem})")
+    return value
 
 
 # The retired TorchServe images of sentiment.runtime=dlc: PyTorch version -> (repository, tag, Python of the image).
@@ -70,6 +80,11 @@ class SentimentSettings:
     precision: Literal["fp32", "bf16", "int8", "onnx-fp32", "onnx-int8"] | None = setting(
         None, "override the archive's gated engine and precision (onnx-*: ONNX Runtime; bf16 needs c7g or c8g)")
     image_scan_on_push: bool = setting(True, "ECR scan on push for the CDK asset repositories (one per registry)")
+
+    @field_validator("model_data_url", mode="before")
+    @classmethod
+    def _archive(cls, value: object) -> object:
+        return _s3_location("sentiment.model_data_url", value, ".tar.gz", ARCHIVE_WORDS)
 
     @model_validator(mode="after")
     def _consistent(self) -> SentimentSettings:
@@ -142,6 +157,11 @@ class FalconSettings:
                                                   "catalogue's")
     hf_token_secret: SecretName | None = setting(None, "Secrets Manager secret holding a Hugging Face token "
                                                  "(gated hub models)")
+
+    @field_validator("model_s3_uri", mode="before")
+    @classmethod
+    def _weights(cls, value: object) -> object:
+        return _s3_location("falcon.model_s3_uri", value, "/", PREFIX_WORDS)
 
     @field_validator("lmi_version", mode="before")
     @classmethod

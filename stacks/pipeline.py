@@ -16,15 +16,25 @@ from constructs import Construct
 from settings import Settings
 from stacks.environment import EnvironmentStacks, build_environment
 from stacks.nag import acknowledge, compliance
+from stacks.toolchain import cdk_assets_version, cdk_cli_version
 
 # CodeBuild's arm64 image for the asset publishing projects (native builds of the arm64 serving image).
 ASSET_BUILD_IMAGE = codebuild.LinuxArmBuildImage.AMAZON_LINUX_2023_STANDARD_3_0
-# buildx adds a provenance attestation by default, which makes the pushed image an OCI image index (refused by
-# SageMaker's CreateModel). The asset projects install cdk-assets@latest (CDK Pipelines' default: a pinned release
-# must read the asset manifest's schema, and cdk-assets 4.7.3 refuses aws-cdk-lib 2.275's 55.0.0); recent releases
-# set this variable for their `docker build` themselves, and cdk-assets hands its own environment to docker (4.7.3
-# and the CLI's bundled copy: `env: {...process.env, ...options.env}`), so setting it on the projects keeps
-# attestations off whichever release runs (docs.docker.com/build/building/variables/).
+# How the pipeline publishes assets (aws-cdk-lib 2.273.0 pipelines/lib/codepipeline/codepipeline.js,
+# `publishAssetsAction`): one CodeBuild project per asset runs `npm install -g cdk-assets@<cdk_assets_cli_version>`,
+# then `cdk-assets --path "<stage assembly>/<stack>.assets.json" --verbose publish "<asset>:<destination>"`, with the
+# cloud assembly as its working folder. CDK Pipelines' default version is `latest`: whatever npm serves that day, run
+# with the rights to push to our buckets and registries. We pin it in package.json (stacks/toolchain.py), as we pin
+# the CLI that synthesizes and that self-mutation installs (`npm install -g aws-cdk@<cli_version>`, default "2").
+# cdk-assets 4.7.3 is one bundled file with no dependencies, so each run installs the same code, and it reads cloud
+# assembly schema 54.x only: aws-cdk-lib stays at 2.273.0, the newest release that writes 54 (requirements.txt).
+# tests/test_pipeline_publishing.py runs the node_modules copy on the pipeline's manifests, so a publisher that cannot
+# read them fails `make test` instead of a deploy.
+# Attestations: buildx adds a provenance attestation by default, which makes the pushed image an OCI image index
+# (refused by SageMaker's CreateModel). cdk-assets 4.7.3 sets this variable for its `docker build` itself and hands
+# its own environment to docker (`env: {...process.env, ...options.env}`; the test reads both in its bundle); set
+# on the projects as well, it keeps attestations off should a release drop that
+# (docs.docker.com/build/building/variables/).
 ASSET_BUILD_ENVIRONMENT = {"BUILDX_NO_DEFAULT_ATTESTATIONS": "1"}
 
 
@@ -89,6 +99,9 @@ class PipelineStack(cdk.Stack):
             self, "Pipeline",
             synth=synth,
             self_mutation=True,
+            # The pinned tools (package.json): the CLI that self-mutation installs, and the asset publisher.
+            cli_version=cdk_cli_version(),
+            cdk_assets_cli_version=cdk_assets_version(),
             cross_account_keys=True,
             enable_key_rotation=True,
             code_build_defaults=pipelines.CodeBuildOptions(build_environment=codebuild.BuildEnvironment(

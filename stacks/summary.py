@@ -1,4 +1,5 @@
-"""Print what a synth produced: each stack of the cloud assembly and how many resources it holds.
+"""Print what a synth produced: each stack of the cloud assembly and how many resources it holds, and for the
+pipeline, which tool release its CodeBuild projects install (`npm install -g package@version`).
 
 Usage: python -m stacks.summary [cdk.out]
 """
@@ -7,25 +8,48 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import sys
 from pathlib import Path
+
+NPM_INSTALL = re.compile(r"npm install -g (\S+)$")
+
+
+def templates(assembly_dir: Path) -> list[tuple[str, dict]]:
+    """(stack, template) for every stack, nested stage assemblies (the pipeline's) included."""
+    manifest = json.loads((assembly_dir / "manifest.json").read_text())
+    found = []
+    for artifact in manifest.get("artifacts", {}).values():
+        if artifact.get("type") == "cdk:cloud-assembly":
+            found.extend(templates(assembly_dir / artifact["properties"]["directoryName"]))
+        elif artifact.get("type") == "aws:cloudformation:stack":
+            template_file = artifact["properties"]["templateFile"]
+            found.append((artifact.get("displayName", template_file),
+                          json.loads((assembly_dir / template_file).read_text())))
+    return found
 
 
 def summarize(assembly_dir: Path) -> list[tuple[str, int, collections.Counter]]:
     """(stack, resource count, resource kinds) for every stack, nested stage assemblies (the pipeline's) included."""
-    manifest = json.loads((assembly_dir / "manifest.json").read_text())
     rows = []
-    for artifact in manifest.get("artifacts", {}).values():
-        if artifact.get("type") == "cdk:cloud-assembly":
-            rows.extend(summarize(assembly_dir / artifact["properties"]["directoryName"]))
-            continue
-        if artifact.get("type") != "aws:cloudformation:stack":
-            continue
-        template_file = artifact["properties"]["templateFile"]
-        template = json.loads((assembly_dir / template_file).read_text())
+    for name, template in templates(assembly_dir):
         kinds = collections.Counter(r["Type"] for r in template.get("Resources", {}).values())
-        rows.append((artifact.get("displayName", template_file), sum(kinds.values()), kinds))
+        rows.append((name, sum(kinds.values()), kinds))
     return sorted(rows)
+
+
+def installed_tools(assembly_dir: Path) -> collections.Counter:
+    """`package@version` -> how many CodeBuild projects install it: what the pipeline's synth, self-mutation and
+    asset publishing projects run (CDK Pipelines writes their buildspecs inline)."""
+    tools: collections.Counter = collections.Counter()
+    for _, template in templates(assembly_dir):
+        for resource in template.get("Resources", {}).values():
+            if resource["Type"] == "AWS::CodeBuild::Project":
+                spec = resource["Properties"].get("Source", {}).get("BuildSpec")
+                phases = json.loads(spec).get("phases", {}) if isinstance(spec, str) else {}
+                tools.update({match[1] for phase in phases.values() for command in phase.get("commands", [])
+                              if (match := NPM_INSTALL.match(command))})
+    return tools
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         top = ", ".join(f"{kind.removeprefix('AWS::')} {n}" for kind, n in kinds.most_common(3))
         print(f"{name.ljust(width)}  {count:>9}  {top}")
     print(f"{len(rows)} stacks, {sum(c for _, c, _ in rows)} resources, templates in {assembly_dir}/")
+    if tools := installed_tools(assembly_dir):
+        print("pipeline installs: " + ", ".join(f"{tool} ({n} project{'s' if n > 1 else ''})"
+                                                for tool, n in sorted(tools.items())))
     return 0
 
 

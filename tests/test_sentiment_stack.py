@@ -384,8 +384,8 @@ def test_the_asset_manifest_asks_for_one_arm64_docker_manifest_without_attestati
 
 
 def test_the_pipelines_asset_builds_turn_attestations_off_too(synthesized):
-    """The pipeline publishes with cdk-assets@latest (CDK Pipelines' default), whose `docker build` inherits the
-    CodeBuild project's environment."""
+    """The pipeline publishes with the cdk-assets release package.json pins (tests/test_pipeline_publishing.py), whose
+    `docker build` inherits the CodeBuild project's environment."""
     from aws_cdk.assertions import Template
 
     template = Template.from_json(synthesized("pipeline-sentiment").templates["mlrecipes-pipeline"])

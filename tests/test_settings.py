@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from settings import SettingsError, known_settings, load_settings, read_context, settings_from_context
+from settings.fields import s3_uri_pattern, s3_uri_problem
 
 
 def test_no_env_means_dev_with_documented_defaults():
@@ -162,13 +164,51 @@ def test_sagemaker_backend_settings_and_derived_values():
      "training.spot_max_wait_hours=2: expected at least training.max_hours (6)"),
     ({"training.backend": "sagemaker", "training.sagemaker_image_tag": "2.13.0-cu133-amzn2023"},
      "invalid setting training.sagemaker_image_tag='2.13.0-cu133-amzn2023': expected one of "
-     "2.13-cu133-amzn2023-sagemaker, 2.12-cu130-amzn2023-sagemaker, 2.11-cu130-amzn2023-sagemaker"),
+     "2.14-cu133-amzn2023-sagemaker, 2.13-cu133-amzn2023-sagemaker, 2.12-cu130-amzn2023-sagemaker, "
+     "2.11-cu130-amzn2023-sagemaker"),
     ({"training.base_image_tag": "2.10.0-gpu-py313-cu130-ubuntu22.04-ec2"},
      "invalid setting training.base_image_tag='2.10.0-gpu-py313-cu130-ubuntu22.04-ec2': expected one of "
-     "2.13.0-cu133-amzn2023, 2.12.1-cu130-amzn2023, 2.11.0-cu130-amzn2023"),
+     "2.14.0-cu133-amzn2023, 2.13.0-cu133-amzn2023, 2.12.1-cu130-amzn2023, 2.11.0-cu130-amzn2023"),
     ({"training.min_macro_recall": "1.5"}, "training.min_macro_recall='1.5': expected a value from 0 to 1"),
 ])
 def test_sagemaker_backend_refuses_inconsistent_settings(overrides, message):
     with pytest.raises(SettingsError) as error:
         settings_from_context(overrides)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(("key", "value", "problem"), [
+    # Issue 45: the pattern alone said only what is allowed.
+    ("sentiment.model_data_url", "s3://b/m/model.tar.gz",
+     "its bucket name 'b' is 1 character long; S3 bucket names are 3 to 63 characters"),
+    ("sentiment.model_data_url", "https://bucket/m/model.tar.gz", "it does not start with s3://"),
+    ("sentiment.model_data_url", "s3://My_Bucket/m/model.tar.gz",
+     "its bucket name 'My_Bucket' holds 'B', 'M', '_'; S3 bucket names hold only lowercase letters, digits, '.' "
+     "and '-'"),
+    ("sentiment.model_data_url", "s3://bucket-/m/model.tar.gz",
+     "its bucket name 'bucket-' must begin and end with a lowercase letter or a digit"),
+    ("sentiment.model_data_url", "s3://bucket", "it names no object key after the bucket"),
+    ("sentiment.model_data_url", "s3://bucket/m/model.zip", "its object key 'm/model.zip' does not end in .tar.gz"),
+    ("falcon.model_s3_uri", "s3://" + "b" * 64 + "/weights/",
+     f"its bucket name '{'b' * 64}' is 64 characters long; S3 bucket names are 3 to 63 characters"),
+    ("falcon.model_s3_uri", "s3://bucket/weights", "its object key 'weights' does not end in /"),
+])
+def test_a_refused_s3_location_says_what_is_wrong_with_it(key, value, problem):
+    words = {"sentiment.model_data_url": "an s3:// URI of a model.tar.gz",
+             "falcon.model_s3_uri": "an s3:// prefix ending in /"}[key]
+    with pytest.raises(SettingsError) as error:
+        load_settings("dev", {key: value})
+    assert str(error.value) == f"invalid setting {key}={value!r}: expected {words} ({problem})"
+
+
+@pytest.mark.parametrize("ending", [".tar.gz", "/"])
+def test_the_s3_location_words_and_pattern_accept_the_same_values(ending):
+    """The pattern goes into cdk.json's JSON Schema; the words into errors: neither may accept what the other
+    refuses."""
+    keys = ["model.tar.gz", "runs/r1/model.tar.gz", "weights/", "a/", "/", ".tar.gz", "x.tar.gz", "", "w"]
+    buckets = ["b", "ab", "abc", "my-bucket", "my.bucket.1", "a" * 63, "a" * 64, "-ab", "ab-", "aB1", "a_b", "1ab"]
+    for bucket in buckets:
+        for key in keys:
+            for value in (f"s3://{bucket}/{key}", f"s3://{bucket}", f"S3://{bucket}/{key}"):
+                matches = re.fullmatch(s3_uri_pattern(ending), value) is not None
+                assert matches == (s3_uri_problem(value, ending) is None), value

@@ -4,13 +4,15 @@ end of patch, 2027-01-21) warns about no training image."""
 
 from __future__ import annotations
 
+import re
 from datetime import date
 
 import pytest
 
 from settings import load_settings
+from settings.fields import SettingsError
 from settings.patch_windows import TODAY_ENV, WINDOWS, check, deployed_images
-from settings.training import EC2_IMAGE_TAGS, SAGEMAKER_IMAGE_TAGS, TrainingSettings
+from settings.training import EC2_IMAGE_TAGS, MISSING_IN_REGIONS, SAGEMAKER_IMAGE_TAGS, TrainingSettings
 from stacks.environment import build_app, new_app
 from stacks.images import DLC_ACCOUNTS, dlc_image_uri
 from stacks.nag import add_checks
@@ -24,12 +26,14 @@ def _minor(tag: str) -> str:
     return ".".join(tag.split("-")[0].split(".")[:2])
 
 
-def test_both_backends_use_the_amazon_linux_2023_repository_and_the_newest_readable_release():
+def test_both_backends_use_the_amazon_linux_2023_repository_and_the_checked_release_by_default():
     assert EC2_REPOSITORY == SAGEMAKER_REPOSITORY == "pytorch"
     defaults = TrainingSettings()
-    # 2.13 is the newest release with a data file at aws/deep-learning-containers e0ecedea (2.14: AWS's index only).
+    # 2.13 is the release whose image our training setup was read against (settings/training.py); 2.14, the newest
+    # with AWS data files (sagemaker-core 2.27 knows it too), is offered, not the default.
     assert (defaults.base_image_tag, defaults.sagemaker_image_tag) == ("2.13.0-cu133-amzn2023",
                                                                        "2.13-cu133-amzn2023-sagemaker")
+    assert (EC2_IMAGE_TAGS[0], SAGEMAKER_IMAGE_TAGS[0]) == ("2.14.0-cu133-amzn2023", "2.14-cu133-amzn2023-sagemaker")
     assert defaults.ami_parameter.endswith("/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id")
     assert [_minor(tag) for tag in EC2_IMAGE_TAGS] == [_minor(tag) for tag in SAGEMAKER_IMAGE_TAGS]
 
@@ -39,18 +43,44 @@ def test_every_offered_tag_has_a_patch_window_row_citing_its_data_file():
         for tag in tags:
             window = WINDOWS[f"pytorch:{_minor(tag)}-{platform}"]
             assert f"docs/src/data/pytorch/{_minor(tag)}-cuda-{platform}.yml eop" in window.source
-            assert "e0ecedea" in window.source
+            assert re.search(r"aws/deep-learning-containers [0-9a-f]{8} docs/src/", window.source), window.source
+    assert {WINDOWS[f"pytorch:2.14-{kind}"].end_of_patch for kind in ("ec2", "sagemaker")} == {date(2027, 9, 28)}
     assert not any(key.startswith("pytorch-training:") for key in WINDOWS), "the Ubuntu line is no longer offered"
 
 
 @pytest.mark.parametrize("tag", SAGEMAKER_IMAGE_TAGS)
 def test_sagemaker_image_uri_is_sagemaker_cores_in_every_supported_region(tag):
+    """...and where sagemaker-core has none (MISSING_IN_REGIONS), settings refuse the tag: both lists must agree."""
     from sagemaker.core import image_uris
 
     for region in DLC_ACCOUNTS:
-        expected = image_uris.retrieve(framework="pytorch-amzn2023", region=region, version=_minor(tag),
+        def retrieve(region=region):
+            return image_uris.retrieve(framework="pytorch-amzn2023", region=region, version=_minor(tag),
                                        instance_type="ml.p4d.24xlarge", image_scope="training")
-        assert dlc_image_uri(region, SAGEMAKER_REPOSITORY, tag) == expected, region
+        if region in MISSING_IN_REGIONS.get(_minor(tag), ()):
+            with pytest.raises(ValueError, match="Unsupported region"):
+                retrieve()
+            with pytest.raises(SettingsError, match=f"in region {region}"):
+                load_settings("dev", {"region": region, "training.backend": "sagemaker",
+                                      "training.sagemaker_image_tag": tag})
+        else:
+            assert dlc_image_uri(region, SAGEMAKER_REPOSITORY, tag) == retrieve(), region
+
+
+def test_2_14_is_offered_with_its_patch_window_and_refused_where_aws_lists_no_image():
+    chosen = {"training.enabled": True, "training.base_image_tag": "2.14.0-cu133-amzn2023"}
+    settings = load_settings("prod", chosen)
+    images = deployed_images(settings)
+    assert "pytorch:2.14-ec2" in images
+    assert check(images, allow_unpatched=False, on=date(2027, 7, 1)) == [
+        "pytorch 2.14 Amazon Linux 2023 (EC2) ends patching on 2027-09-28, in 89 days; move to a newer image before "
+        "then (source: aws/deep-learning-containers dee632b1 docs/src/data/pytorch/2.14-cuda-ec2.yml eop)"]
+    with pytest.raises(SettingsError) as error:
+        load_settings("prod", {**chosen, "region": "us-gov-west-1"})
+    assert str(error.value) == (
+        "invalid setting training.base_image_tag='2.14.0-cu133-amzn2023': expected one of 2.13.0-cu133-amzn2023, "
+        "2.12.1-cu130-amzn2023, 2.11.0-cu130-amzn2023 in region us-gov-west-1 (the SageMaker SDK's image table has "
+        "no 2.14 there)")
 
 
 @pytest.mark.parametrize("backend", ["ec2", "sagemaker"])
