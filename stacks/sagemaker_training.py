@@ -66,7 +66,7 @@ class Resources:
     model_package_group: str
     # The sentiment image's Python and platforms (stacks.serving_wheels): the model's wheels must install there.
     serving_wheels: WheelTarget | None = None
-    # The sentiment stack's container environment (our handler service, threads), so the package hosts as is.
+    # The sentiment stack's container environment (our server's settings), so the package hosts as is.
     inference_environment: dict[str, str] | None = None
 
 

@@ -8,6 +8,8 @@ pytorch-inference-arm64 image with TorchServe selectable.
 
 from __future__ import annotations
 
+import functools
+import tempfile
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -72,6 +74,24 @@ def serving_image(scope: Construct) -> ecr_assets.DockerImageAsset:
         exclude=SERVING_IMAGE_CONTEXT,
         ignore_mode=cdk.IgnoreMode.DOCKER,
     )
+
+
+@functools.cache
+def serving_image_tag() -> str:
+    """The tag the serving image gets: the asset's content hash, computed exactly as for the sentiment stack, in a
+    scratch app that is never synthesized, so no other stack's assets include (and build) the arm64 image."""
+    with tempfile.TemporaryDirectory(prefix="serving-image-tag-") as outdir:
+        return serving_image(cdk.Stack(cdk.App(outdir=outdir), "ServingImageTag")).asset_hash
+
+
+def serving_image_uri(stack: cdk.Stack) -> str:
+    """Where the sentiment stack of this code pushes the serving image (the bootstrap's container-assets repository
+    of `stack`'s account and region, tagged with the content hash), for stacks that record the image without
+    building it: model registration. The tag exists once the sentiment stack (or the pipeline's asset stage) has
+    published this code's image."""
+    qualifier = stack.synthesizer.bootstrap_qualifier or cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
+    repository = f"cdk-{qualifier}-container-assets-{stack.account}-{stack.region}"
+    return f"{stack.account}.dkr.ecr.{stack.region}.{stack.url_suffix}/{repository}:{serving_image_tag()}"
 
 
 def server_environment(config: SentimentSettings) -> dict[str, str]:
