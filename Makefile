@@ -87,7 +87,6 @@ INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_s
   tests/test_sentiment_stack.py tests/test_training_stack.py tests/test_falcon_stack.py tests/test_lmi.py \
   tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas \
   tests/test_lmi_conformance.py tests/test_lmi_vllm.py tests/test_sagemaker_pipeline_stack.py \
-  tests/test_serving_wheels.py \
   tests/test_training_user_data.py tests/test_upgrade.py tests/test_test_quality.py
 test-infra: install-infra test-tools  ## lint, then the infrastructure tests only (the pipeline runs these before synth)
 	$(PY) -m ruff check .

@@ -19,8 +19,7 @@ from stacks.base import EnvironmentStack
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.nag import acknowledge, compliance
 from stacks.sagemaker_training import RUN_PREFIX, TRAINING_REPOSITORY, Resources, pipeline_definition
-from stacks.sentiment import GRAVITON_IMAGES, server_environment, serving_image_uri
-from stacks.serving_wheels import wheel_target
+from stacks.sentiment import server_environment, serving_image_uri
 
 _ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", "model", "checkpoints", "*.tar.gz"]
 SERVICE = "sagemaker.amazonaws.com"
@@ -80,7 +79,6 @@ class SageMakerTrainingStack(EnvironmentStack):
             inference_image=serving_image_uri(self),
             inference_instance_type=settings.sentiment.instance_type,
             model_package_group=group,
-            serving_wheels=wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES),
             inference_environment=server_environment(settings.sentiment),
         )
         self.definition = pipeline_definition(config, resources)

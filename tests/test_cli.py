@@ -43,6 +43,9 @@ def run_app(context: dict[str, str], outdir: Path) -> subprocess.CompletedProces
      "error: invalid setting sentiment.min_instances='two': expected an integer from 1 to 20"),
     ({"network.nat_gateways": "3"}, "error: invalid setting network.nat_gateways='3': expected a value from 1 to 2"),
     ({"training.backend": "batch"}, "error: invalid setting training.backend='batch': expected one of ec2, sagemaker"),
+    # issue 43: a retired setting names what replaces it
+    ({"sentiment.runtime": "dlc"}, "error: invalid setting sentiment.runtime='dlc': expected it removed (retired in "
+                                   "issue 43): our serving image is the only sentiment runtime"),
 ])
 def test_bad_setting_exits_1_with_one_line(tmp_path, context, expected):
     result = run_app(context, tmp_path)

@@ -357,20 +357,6 @@ def test_template_passes_cfn_lint_without_a_warning(synthesized):
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
 
 
-def test_archive_wheels_are_fetched_for_the_hosting_images_python(definition, monkeypatch):
-    """The job's SERVING_PYTHON and SERVING_PLATFORMS come from the sentiment image, and the entry point uses them."""
-    from stacks.sentiment import GRAVITON_IMAGES
-    from stacks.serving_wheels import wheel_target
-    from training import sagemaker_entry
-
-    environment = definition["Steps"][0]["Arguments"]["Environment"]
-    expected = wheel_target(settings_from_context({}).sentiment.pytorch_version, GRAVITON_IMAGES)
-    assert environment["SERVING_PYTHON"] == expected.python
-    assert environment["SERVING_PLATFORMS"] == expected.platform_flags()
-    monkeypatch.setenv("SERVING_PYTHON", "3.11")
-    assert sagemaker_entry.build_parser().parse_args([]).python_version == "3.11"
-
-
 def test_registered_package_carries_the_sentiment_stacks_container_environment(definition):
     """Deployed from the registry directly, our server gets the settings the sentiment stack gives it."""
     from stacks.sentiment import server_environment
