@@ -79,4 +79,5 @@ def test_stops_cleanly(server, signum, mode, archive, tmp_path):
     print(f"{server.name} {signal.Signals(signum).name} {mode}: exit {outcome.returncode} in "
           f"{outcome.elapsed_s:.1f} s" + (f", signals {outcome.signal_gap_s * 1e6:.0f} us apart"
                                            if outcome.signal_gap_s is not None else ""), file=sys.stderr)
-    outcome.check()
+    assert outcome.returncode == server.exit_status(signum), outcome.output[-4000:]
+    outcome.check()  # and: no process, port or file left, nothing forbidden printed
