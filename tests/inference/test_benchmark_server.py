@@ -5,8 +5,9 @@ first row's, the GFLOP/s share is of the roof the run printed, the RSS mode prin
 stops the servers it started. No timing is asserted. The runs need .venv-image (`make image-venv`); `make test` sets
 REQUIRE_SERVING_STACK=1 so that a missing one fails. The toolkit row (TorchServe, the SageMaker toolkit, Java) is
 not started here: `make test` installs none of them since issue 43, and `make bench-handler` installs them on
-demand. Its pieces are checked without TorchServe: the archive it serves (tests/training/test_package.py), the
-environment it starts with, the table's reference row and the wait for another run's TorchServe.
+demand. Its pieces are checked without TorchServe: the archive it serves (tests/training/test_package.py) and what it
+refuses to serve, the environment it starts with, the table's reference row, and another run's TorchServe (waited
+for, named with its PID).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from common import processes
 from inference.sentiment import benchmark_server, local_stack
 from inference.sentiment import precision as precisions
 from inference.sentiment.server import local
@@ -220,6 +222,34 @@ def test_the_toolkit_row_starts_with_the_toolkits_own_handler_service_and_the_im
         "inference.py", "2", "7")  # 16 vCPUs: 2 kept for the front end, 14 over 2 workers
     assert env["TS_INFERENCE_ADDRESS"] == f"http://127.0.0.1:{stack.port}"
     assert not {"TS_DEFAULT_SERVICE_HANDLER", "SENTIMENT_QUANTIZE", "MAX_BATCH"} & set(env)
+
+
+def test_what_is_not_a_toolkit_archive_is_refused(model_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(local_stack.StackError, match="neither a directory nor a tar archive"):
+        local_stack.extract(tmp_path / "notes.txt", tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(local_stack.StackError, match=r"needs config\.json"):
+        local_stack.extract(tmp_path / "empty", tmp_path / "b")
+    # Our archive (no code/) is not one the toolkit can serve: the baseline's carries its handler.
+    with pytest.raises(local_stack.StackError, match=r"code/inference\.py"):
+        local_stack.extract(model_dir, tmp_path / "c")
+
+
+def test_another_torchserve_is_named_with_its_pid_and_the_command_that_stops_it():
+    """The toolkit allows one TorchServe per machine; one found by its command line (a decoy here) is named so a
+    user can stop it."""
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                              "org.pytorch.serve.ModelServer"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert decoy.stdout.readline() == "up\n"
+        assert decoy.pid in local_stack.torchserve_pids()
+        message = processes.describe(decoy.pid)
+        assert message.startswith(f"pid {decoy.pid} (") and message.endswith(f"kill -TERM {decoy.pid}")
+        assert "org.pytorch.serve.ModelServer" in message
+    finally:
+        decoy.kill()
+        decoy.wait()
 
 
 def test_requests_are_planned_per_round_with_warmup_and_at_least_one_per_client():
