@@ -24,7 +24,7 @@ export HF_DATASETS_OFFLINE := 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: help install install-dev serving-stack synth synth-pipeline test lint format train-local serve-local bench-handler loadtest e2e clean falcon-benchmark
-.PHONY: install-infra test-infra settings settings-schema docs test-tools image-venv image serve-local-dlc
+.PHONY: install-infra test-infra settings settings-schema docs test-tools image-venv image
 .PHONY: image-lock bump-base image-venv-py313
 
 help:  ## list the targets
@@ -65,7 +65,7 @@ node_modules/.installed: package.json package-lock.json
 
 install: $(VENV)/.runtime node_modules/.installed  ## the app's Python packages and the pinned CDK CLI
 
-install-dev: install $(VENV)/.dev serving-stack image-venv image-venv-py313  ## plus test, training and lint tools, and both serving stacks
+install-dev: install $(VENV)/.dev image-venv image-venv-py313  ## plus test, training and lint tools, and the serving image's packages
 
 install-infra: install $(VENV)/.infra  ## the app plus the infrastructure tests' tools, no torch (the pipeline's synth step)
 
@@ -105,7 +105,6 @@ INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_s
   tests/test_sentiment_stack.py tests/test_training_stack.py tests/test_falcon_stack.py tests/test_lmi.py \
   tests/test_pipeline_stack.py tests/test_smoke_environment.py tests/test_lifecycle.py tests/lambdas \
   tests/test_lmi_conformance.py tests/test_lmi_vllm.py tests/test_sagemaker_pipeline_stack.py \
-  tests/test_serving_wheels.py \
   tests/test_training_user_data.py tests/test_upgrade.py tests/test_test_quality.py tests/test_pipeline_publishing.py
 test-infra: install-infra test-tools  ## lint, then the infrastructure tests only (the pipeline runs these before synth)
 	$(PY) -m ruff check .
@@ -137,13 +136,10 @@ PORT ?= 8080
 serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) with our server
 	$(IMAGE_VENV)/bin/python -m inference.sentiment.server serve --model-dir $(MODEL) --host 127.0.0.1 --port $(PORT) $(ARGS)
 
-# SIGTERM or Ctrl-C stops the stack cleanly (see docs/local-servers.md); GNU make then reports the signal and dies of it.
-serve-local-dlc: install-dev  ## the same on TorchServe + the SageMaker toolkit (sentiment.runtime=dlc's retired stack)
-	$(PY) -m inference.sentiment.local_stack --model $(MODEL) --port $(PORT) $(ARGS)
-
 # make bench-handler ARGS="--preset tiny --rounds 1" (quick look); ARGS="--mode rss" (worker RSS over 10,000 requests);
-# HELP=1 prints the tool's help.
-bench-handler: install-dev  ## HF toolkit default vs our server in fp32 and at the gate's precision: real servers, RoBERTa-base size (HELP=1)
+# HELP=1 prints the tool's help. The toolkit row runs on TorchServe, installed here on demand (serving-stack); with
+# HELP=1 or ARGS="--no-toolkit" (no toolkit row) nothing of it is installed.
+bench-handler: install-dev $(if $(or $(HELP),$(findstring --no-toolkit,$(ARGS))),,serving-stack)  ## HF toolkit default vs our server in fp32 and at the gate's precision: real servers, RoBERTa-base size (HELP=1)
 	$(PY) -m inference.sentiment.benchmark_server $(if $(HELP),--help,$(ARGS))
 
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
@@ -170,9 +166,11 @@ precision-gate: install-dev  ## the accuracy gate's figures (torch fp32, bf16, i
 clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build
 
-# The serving stack of the endpoint's image (TorchServe + SageMaker PyTorch toolkit, versions and their source in
-# inference/sentiment/serving/requirements.txt) in its own venv: it pins setuptools<81 and torchserve's dependencies apart
-# from the project's. Java 17 comes from Debian only when no java is on PATH.
+# The toolkit baseline of make bench-handler: TorchServe and the SageMaker PyTorch toolkit as the retired Graviton
+# image had them (sentiment.runtime=dlc until issue 43; versions and their source in
+# inference/sentiment/serving/requirements.txt), in their own venv: they pin setuptools<81 and torchserve's
+# dependencies apart from the project's. Java 17 comes from Debian only when no java is on PATH. Only bench-handler
+# installs it: make synth and make test need none of it.
 SERVING_VENV := .venv-serving
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 $(SERVING_VENV)/.installed: inference/sentiment/serving/requirements.txt
@@ -182,7 +180,7 @@ $(SERVING_VENV)/.installed: inference/sentiment/serving/requirements.txt
 	$(SERVING_VENV)/bin/python -m pip install --quiet -r inference/sentiment/serving/requirements.txt
 	touch $@
 
-serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java, as the Graviton image has them
+serving-stack: $(SERVING_VENV)/.installed  ## TorchServe, the SageMaker toolkit and Java (if missing) for bench-handler's toolkit row
 
 # The sentiment serving image's Python packages in their own venv, so `make serve-local` and the server tests run
 # exactly what the image runs (on this machine's Python and CPU torch). They install from the image's locks, every

@@ -114,8 +114,24 @@ def _flatten(values: Layer | None, prefix: str = "") -> Iterator[tuple[str, Any]
             yield prefix + key, value
 
 
+# Settings that existed and were removed: what a cdk.json or `-c` that still sets one must do instead. Any value
+# fails at app start, so a retired choice is never silently ignored.
+RETIRED: dict[str, str] = {
+    "sentiment.runtime": "it removed (retired in issue 43): our serving image is the only sentiment runtime since the "
+                         "TorchServe image of sentiment.runtime=dlc (pytorch-inference-arm64:2.6) ended patching on "
+                         "2026-06-30; an environment deployed with it upgrades in place (docs/updating.md)",
+    "sentiment.quantize": "it removed (retired with sentiment.runtime=dlc, issue 43): our server's int8 is "
+                          "sentiment.precision=int8, or the accuracy gate's choice recorded in the model archive",
+    "sentiment.pytorch_version": "it removed (retired with sentiment.runtime=dlc, issue 43): the serving image's "
+                                 "torch is pinned in inference/sentiment/image/torch.lock",
+}
+
+
 def _unknown(key: str, value: Any) -> SettingsError:
-    """An unknown key names the nearest known one and what its section (or the top level) holds."""
+    """A retired key says what replaces it; any other unknown key names the nearest known one and what its section
+    (or the top level) holds."""
+    if key in RETIRED:
+        return SettingsError(key, value, RETIRED[key])
     known = known_settings()
     close = difflib.get_close_matches(key, known, n=1)
     section = key.rpartition(".")[0]

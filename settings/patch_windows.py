@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import date
 
 from settings.fields import SettingsError
-from settings.serving import GRAVITON_IMAGES
 
 WARN_DAYS = 90
 TODAY_ENV = "PATCH_WINDOW_TODAY"
@@ -60,12 +59,6 @@ WINDOWS: dict[str, PatchWindow] = {
     **{f"pytorch:{version}-{platform}": _training(version, platform, end)
        for version, end in (("2.13", date(2027, 7, 20)), ("2.12", date(2027, 7, 2)), ("2.11", date(2027, 4, 30)))
        for platform in ("ec2", "sagemaker")},
-    "pytorch-inference-arm64:2.6": PatchWindow(
-        "pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe)", date(2026, 6, 30),
-        f"{_DLC}/data/pytorch-inference-arm64/2.6-cpu-sagemaker.yml eop"),
-    "pytorch-inference-graviton:2.4": PatchWindow(
-        "pytorch-inference-graviton:2.4.0-cpu-py311-ubuntu22.04-sagemaker (TorchServe)", date(2025, 7, 24),
-        f"{_DLC}/legacy/legacy_support.yml pytorch 2.4 eop"),
     "python:3.13-slim-trixie": PatchWindow(
         "python:3.13-slim-trixie (the sentiment serving image's base)", date(2028, 8, 9),
         "Debian 13 regular security support: released 2025-08-09, about three years (wiki.debian.org/DebianReleases, "
@@ -138,12 +131,8 @@ def deployed_images(settings) -> dict[str, str]:
     if training.backend == "sagemaker":
         images[_training_key(training.sagemaker_image_tag, "sagemaker")] = (
             f"training.sagemaker_image_tag={training.sagemaker_image_tag}")
-    sentiment = settings.sentiment
-    if sentiment.enabled and sentiment.runtime == "server":
-        images["python:3.13-slim-trixie"] = "sentiment.runtime=server"
-    elif sentiment.enabled:
-        repository = GRAVITON_IMAGES[sentiment.pytorch_version][0]
-        images[f"{repository}:{sentiment.pytorch_version.rsplit('.', 1)[0]}"] = "sentiment.runtime=dlc"
+    if settings.sentiment.enabled:
+        images["python:3.13-slim-trixie"] = "sentiment.enabled=true"
     if settings.falcon.enabled:
         images[f"djl-inference:{settings.falcon.lmi_version}"] = f"falcon.lmi_version={settings.falcon.lmi_version}"
     return images

@@ -32,14 +32,6 @@ def _s3_location(key: str, value: object, key_ending: str, words: str) -> object
     return value
 
 
-# The retired TorchServe images of sentiment.runtime=dlc: PyTorch version -> (repository, tag, Python of the image).
-# The repository changed name at 2.5. stacks/sentiment.py builds their URIs, settings/patch_windows.py dates them.
-GRAVITON_IMAGES: dict[str, tuple[str, str, str]] = {
-    "2.4.0": ("pytorch-inference-graviton", "2.4.0-cpu-py311-ubuntu22.04-sagemaker", "3.11"),
-    "2.6.0": ("pytorch-inference-arm64", "2.6.0-cpu-py312-ubuntu22.04-sagemaker", "3.12"),
-}
-
-
 # Graviton2 (Neoverse N1) hosting families: no bf16 instructions, so the server runs them in fp32 (or int8), never
 # bf16 (inference/sentiment/cpu_features.py). Graviton3 (c7g) and Graviton4 (c8g) have them.
 NO_BF16_FAMILIES = ("c6g", "m6g", "r6g")
@@ -47,12 +39,11 @@ NO_BF16_FAMILIES = ("c6g", "m6g", "r6g")
 
 @section
 class SentimentSettings:
-    """The Graviton endpoint for the fine-tuned model (images and instance sizes in stacks/sentiment.py)."""
+    """The Graviton endpoint for the fine-tuned model, on our serving image (stacks/sentiment.py)."""
 
     enabled: bool = setting(False, "deploy the sentiment endpoint")
     model_data_url: ModelArchive | None = setting(None, "the trained model archive (needed when enabled)")
     instance_type: SageMakerInstanceType = setting("ml.c7g.4xlarge", "endpoint instance type")
-    pytorch_version: Literal[tuple(GRAVITON_IMAGES)] = setting("2.6.0", "PyTorch Graviton inference image")
     min_instances: int = setting(1, "endpoint instances at least", ge=1, le=20)
     max_instances: int = setting(2, "endpoint instances at most (autoscaling)", ge=1, le=20)
     workers: int = setting(2, "model server workers per instance (our server: inference threads sharing the model)",
@@ -63,8 +54,6 @@ class SentimentSettings:
     canary_percent: int = setting(10, "blue/green canary share of the fleet", ge=1, le=50, unit="%")
     bake_minutes: int = setting(10, "blue/green wait watched by alarms", ge=1, le=60, unit="minutes")
     autoscaling: bool = setting(True, "target tracking; off to change instance_type (docs/updating.md)")
-    quantize: Literal["none", "int8"] = setting("none", "runtime=dlc: int8 Linear layers at load (check accuracy)")
-    runtime: Literal["server", "dlc"] = setting("server", "our arm64 image and server, or the retired TorchServe DLC")
     max_batch_size: int = setting(32, "our server: texts gathered into one forward pass", ge=1, le=1024)
     max_batch_tokens: int = setting(2048, "our server: tokens gathered into one forward pass", ge=16, le=1_000_000,
                                     unit="tokens")
@@ -88,9 +77,6 @@ class SentimentSettings:
 
     @model_validator(mode="after")
     def _consistent(self) -> SentimentSettings:
-        if self.runtime == "server" and self.quantize != "none":
-            raise SettingsError("sentiment.quantize", self.quantize,
-                                "none with sentiment.runtime=server (our server takes sentiment.precision=int8)")
         family = self.instance_type.split(".")[1] if self.instance_type.count(".") == 2 else ""
         if self.precision == "bf16" and family.startswith(NO_BF16_FAMILIES):
             raise SettingsError("sentiment.precision", self.precision,

@@ -21,7 +21,7 @@ from stacks.artifacts import ArtifactsStack
 from stacks.base import EnvironmentStack, log_retention
 from stacks.nag import GLUE_LAMBDA, acknowledge, acknowledge_each
 from stacks.powertools import layer_directory
-from stacks.sentiment import graviton_image_uri
+from stacks.sentiment import serving_image_uri
 
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
 METRICS_NAMESPACE = "MlRecipes"
@@ -59,7 +59,10 @@ class OperationsStack(EnvironmentStack):
             model_package_group_description="Sentiment models trained by the training stack, pending approval")
         self.register_model = self._function("RegisterModel", "register_model", powertools, environment={
             "MODEL_PACKAGE_GROUP": self.model_package_group.model_package_group_name,
-            "INFERENCE_IMAGE": graviton_image_uri(self.region, settings.sentiment.pytorch_version),
+            # Our serving image as the sentiment stack of this code tags it (its content hash), known at synth
+            # without building it here: the operations stack is deployed first and needs no Docker. A package
+            # registered before that image is published names a tag that the sentiment stack's deploy pushes.
+            "INFERENCE_IMAGE": serving_image_uri(self),
             "INFERENCE_INSTANCE_TYPE": settings.sentiment.instance_type,
             "TOPIC_ARN": topic.topic_arn,
         }, description="Registers a finished training run as a model package pending approval")

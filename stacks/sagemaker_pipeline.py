@@ -19,8 +19,7 @@ from stacks.base import EnvironmentStack
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.nag import acknowledge, compliance
 from stacks.sagemaker_training import RUN_PREFIX, TRAINING_REPOSITORY, Resources, pipeline_definition
-from stacks.sentiment import GRAVITON_IMAGES, container_environment, graviton_image_uri
-from stacks.serving_wheels import wheel_target
+from stacks.sentiment import server_environment, serving_image_uri
 
 _ASSET_EXCLUDES = ["__pycache__", "*.pyc", ".pytest_cache", "model", "checkpoints", "*.tar.gz"]
 SERVICE = "sagemaker.amazonaws.com"
@@ -75,11 +74,12 @@ class SageMakerTrainingStack(EnvironmentStack):
             code_url=code.s3_object_url,
             handler_url=handler.s3_object_url,
             training_image=training_image,
-            inference_image=graviton_image_uri(self.region, settings.sentiment.pytorch_version),
+            # Our serving image and the environment the sentiment stack gives it, so a package deployed from the
+            # registry serves as the endpoint does (the image's tag: stacks.sentiment.serving_image_uri).
+            inference_image=serving_image_uri(self),
             inference_instance_type=settings.sentiment.instance_type,
             model_package_group=group,
-            serving_wheels=wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES),
-            inference_environment=container_environment(settings.sentiment, self.region),
+            inference_environment=server_environment(settings.sentiment),
         )
         self.definition = pipeline_definition(config, resources)
         name = pipeline_name(settings)

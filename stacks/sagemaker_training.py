@@ -15,7 +15,6 @@ from typing import Any
 
 from settings.training import TrainingSettings
 from stacks.instances import has_instance_storage
-from stacks.serving_wheels import WheelTarget
 
 DEFINITION_VERSION = "2020-12-01"
 # AWS's Amazon Linux 2023 PyTorch training images; the tag is the one sagemaker-core's image_uris.retrieve(
@@ -64,9 +63,7 @@ class Resources:
     inference_image: str
     inference_instance_type: str
     model_package_group: str
-    # The sentiment image's Python and platforms (stacks.serving_wheels): the model's wheels must install there.
-    serving_wheels: WheelTarget | None = None
-    # The sentiment stack's container environment (our handler service, threads), so the package hosts as is.
+    # The sentiment stack's container environment (our server's settings), so the package hosts as is.
     inference_environment: dict[str, str] | None = None
 
 
@@ -114,7 +111,7 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
         "ResourceConfig": resource_config,
         "VpcConfig": {"SecurityGroupIds": [resources.security_group_id], "Subnets": list(resources.subnet_ids)},
         "StoppingCondition": stopping,
-        "EnableNetworkIsolation": False,  # the job downloads the base model, the data set and pip wheels
+        "EnableNetworkIsolation": False,  # the job downloads the base model, the data set and pip packages
         "EnableInterContainerTrafficEncryption": True,
         # Always synced, so a spot interruption or a retried execution resumes; metrics.json lands here too.
         "CheckpointConfig": {"S3Uri": run_uri(resources, "checkpoints/"), "LocalPath": CHECKPOINT_LOCAL_PATH},
@@ -123,10 +120,7 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
                         # NCCL over EFA between instances: the image's aws-ofi-nccl (/opt/amazon/ofi-nccl/lib64,
                         # on its LD_LIBRARY_PATH) with NCCL from the pip wheel. FI_PROVIDER and RDMA are set per
                         # instance type by training.sagemaker_entry, as SageMaker's own torchrun driver does.
-                        "NCCL_NET_PLUGIN": "ofi",
-                        **({"SERVING_PYTHON": resources.serving_wheels.python,
-                            "SERVING_PLATFORMS": resources.serving_wheels.platform_flags()}
-                           if resources.serving_wheels else {})},
+                        "NCCL_NET_PLUGIN": "ofi"},
     }
     if config.spot:
         request["EnableManagedSpotTraining"] = True

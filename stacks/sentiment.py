@@ -1,13 +1,15 @@
 """The sentiment model on a Graviton SageMaker endpoint, updated blue/green with canary traffic and rollback.
 
-The endpoint runs our serving image by default (`sentiment.runtime=server`): built from
-inference/sentiment/image/Dockerfile for linux/arm64 by the CDK app (a DockerImageAsset, so `cdk deploy` and the
-pipeline both build and push it), with our server and its batching. `sentiment.runtime=dlc` keeps the retired
-pytorch-inference-arm64 image with TorchServe selectable.
+The endpoint runs our serving image: built from inference/sentiment/image/Dockerfile for linux/arm64 by the CDK app
+(a DockerImageAsset, so `cdk deploy` and the pipeline both build and push it), with our server and its batching. The
+retired TorchServe image (`sentiment.runtime=dlc`) is gone since issue 43; the same logical ids carry an environment
+deployed with it over to this image.
 """
 
 from __future__ import annotations
 
+import functools
+import tempfile
 from pathlib import Path
 
 import aws_cdk as cdk
@@ -28,9 +30,8 @@ from constructs import Construct
 
 from inference.sentiment import container as inference_container
 from settings import Settings, SettingsError
-from settings.serving import GRAVITON_IMAGES, SentimentSettings
+from settings.serving import SentimentSettings
 from stacks.base import EnvironmentStack, endpoint_log_group
-from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_repository_arn
 from stacks.instances import vcpus
 from stacks.nag import acknowledge
 
@@ -74,6 +75,24 @@ def serving_image(scope: Construct) -> ecr_assets.DockerImageAsset:
     )
 
 
+@functools.cache
+def serving_image_tag() -> str:
+    """The tag the serving image gets: the asset's content hash, computed exactly as for the sentiment stack, in a
+    scratch app that is never synthesized, so no other stack's assets include (and build) the arm64 image."""
+    with tempfile.TemporaryDirectory(prefix="serving-image-tag-") as outdir:
+        return serving_image(cdk.Stack(cdk.App(outdir=outdir), "ServingImageTag")).asset_hash
+
+
+def serving_image_uri(stack: cdk.Stack) -> str:
+    """Where the sentiment stack of this code pushes the serving image (the bootstrap's container-assets repository
+    of `stack`'s account and region, tagged with the content hash), for stacks that record the image without
+    building it: model registration. The tag exists once the sentiment stack (or the pipeline's asset stage) has
+    published this code's image."""
+    qualifier = stack.synthesizer.bootstrap_qualifier or cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
+    repository = f"cdk-{qualifier}-container-assets-{stack.account}-{stack.region}"
+    return f"{stack.account}.dkr.ecr.{stack.region}.{stack.url_suffix}/{repository}:{serving_image_tag()}"
+
+
 def server_environment(config: SentimentSettings) -> dict[str, str]:
     """Our server's settings (inference/sentiment/server/config.py reads them; `make serve-local` has the same)."""
     return inference_container.server_environment(
@@ -82,19 +101,6 @@ def server_environment(config: SentimentSettings) -> dict[str, str]:
         max_queue=config.max_queue, precision=config.precision, max_batch_tokens=config.max_batch_tokens,
         max_queue_tokens=config.max_queue_tokens, request_timeout_ms=config.request_timeout_ms,
         drain_seconds=config.drain_seconds)
-
-
-def graviton_image_uri(region: str, pytorch_version: str) -> str:
-    repository, tag, _ = GRAVITON_IMAGES[pytorch_version]
-    return dlc_image_uri(region, repository, tag)
-
-
-def container_environment(config: SentimentSettings, region: str) -> dict[str, str]:
-    """The handler's contract plus the Graviton tuning the AWS images document (inference/sentiment/container.py, which
-    `make serve-local` also uses, so the local stack runs with exactly this)."""
-    return inference_container.container_environment(vcpus=vcpus(config.instance_type), workers=config.workers,
-                                                     max_batch=config.max_batch, region=region,
-                                                     quantize=config.quantize)
 
 
 def check(config: SentimentSettings) -> None:
@@ -158,21 +164,8 @@ class SentimentStack(EnvironmentStack):
         config = settings.sentiment
         check(config)
         self.endpoint_name = f"{settings.name}-sentiment"
-        self.serving_image: ecr_assets.DockerImageAsset | None = None
-        if config.runtime == "server":
-            self.serving_image = serving_image(self)
-            image = self.serving_image.image_uri
-            repository_arn = self.serving_image.repository.repository_arn
-            environment = server_environment(config)
-            self._image_scanning(config, alarm_topic, key)
-        else:
-            repository = GRAVITON_IMAGES[config.pytorch_version][0]
-            try:
-                image = graviton_image_uri(self.region, config.pytorch_version)
-                repository_arn = dlc_repository_arn(self.region, repository)
-            except UnsupportedRegionError as error:
-                raise SettingsError("region", settings.region, "a region with Deep Learning Containers") from error
-            environment = container_environment(config, self.region)
+        self.serving_image = serving_image(self)
+        self._image_scanning(config, alarm_topic, key)
         log_group_arn = (f"arn:{self.partition}:logs:{self.region}:{self.account}:"
                          f"log-group:/aws/sagemaker/Endpoints/{self.endpoint_name}")
 
@@ -187,9 +180,9 @@ class SentimentStack(EnvironmentStack):
             self, "Model",
             execution_role_arn=role.role_arn,
             primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=image,
+                image=self.serving_image.image_uri,
                 model_data_url=config.model_data_url,
-                environment=environment,
+                environment=server_environment(config),
             ),
             enable_network_isolation=True,
             vpc_config=sagemaker.CfnModel.VpcConfigProperty(
@@ -233,7 +226,8 @@ class SentimentStack(EnvironmentStack):
         if self.autoscaled:
             self._autoscaling(config)
 
-        self._grant(role, image_repository_arn=repository_arn, model_data_url=config.model_data_url or "",
+        self._grant(role, image_repository_arn=self.serving_image.repository.repository_arn,
+                    model_data_url=config.model_data_url or "",
                     key=key, log_group_arn=log_group_arn)
 
         cdk.CfnOutput(self, "EndpointName", value=self.endpoint_name, description="Sentiment endpoint")

@@ -20,8 +20,6 @@ from stacks.base import EnvironmentStack, log_retention
 from stacks.images import UnsupportedRegionError, dlc_image_uri, dlc_registry, dlc_repository_arn
 from stacks.instances import NVME_MOUNT, has_instance_storage
 from stacks.nag import acknowledge
-from stacks.sentiment import GRAVITON_IMAGES
-from stacks.serving_wheels import wheel_target
 
 USER_DATA_SCRIPT = REPO_ROOT / "training" / "ec2" / "run_training.sh"
 # AWS's Amazon Linux 2023 PyTorch training images (settings.training.EC2_IMAGE_TAGS).
@@ -90,8 +88,6 @@ class TrainingStack(EnvironmentStack):
             repository_arn = dlc_repository_arn(self.region, TRAINING_REPOSITORY)
         except UnsupportedRegionError as error:
             raise SettingsError("region", settings.region, "a region with Deep Learning Containers") from error
-        # The archive's wheels are for the hosting image, so an image that cannot run the handler stops here.
-        wheels = wheel_target(settings.sentiment.pytorch_version, GRAVITON_IMAGES)
         subnets = training_subnets(settings)
 
         self.log_group = logs.LogGroup(
@@ -120,8 +116,6 @@ class TrainingStack(EnvironmentStack):
             "INFERENCE_CODE_URL": inference_code.s3_object_url,
             "MAX_HOURS": str(config.max_hours),
             "TRAIN_ARGS": train_args(config),
-            "SERVING_PYTHON": wheels.python,
-            "SERVING_PLATFORMS": wheels.platform_flags(),
             **({"NVME_MOUNT": NVME_MOUNT} if has_instance_storage(config.instance_type) else {}),
         }))
         self.instance = ec2.Instance(

@@ -37,14 +37,6 @@ CONFIGURATIONS: dict[str, tuple[str, dict[str, str]]] = {
     "prod-sentiment": ("prod", {"sentiment.enabled": "true",
                                 "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz",
                                 "operations.alarm_email": "ops@example.com"}),
-    "dev-sentiment-af": ("dev", {"region": "af-south-1", "sentiment.enabled": "true", "sentiment.runtime": "dlc",
-                                 "allow_unpatched_images": "true",
-                                 "sentiment.model_data_url": "s3://example-bucket/run-0001/model.tar.gz"}),
-    # The retired TorchServe image (issue 21 keeps it selectable, past its end of patch only with the flag).
-    "prod-sentiment-dlc": ("prod", {"sentiment.enabled": "true", "sentiment.runtime": "dlc",
-                                    "allow_unpatched_images": "true",
-                                    "sentiment.model_data_url":
-                                        "s3://example-bucket/models/sentiment/run-0001/model.tar.gz"}),
     # prod with every workload on: the upgrade test's configuration (tests/upgrade_baseline/refresh.py CONTEXT).
     "prod-all-on": ("prod", {"training.enabled": "true", "sentiment.enabled": "true",
                              "sentiment.model_data_url": "s3://example-bucket/models/sentiment/run-0001/model.tar.gz",

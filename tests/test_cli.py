@@ -42,6 +42,9 @@ BAD_SETTINGS = [
      "error: invalid setting sentiment.min_instances='two': expected an integer from 1 to 20"),
     ({"network.nat_gateways": "3"}, "error: invalid setting network.nat_gateways='3': expected a value from 1 to 2"),
     ({"training.backend": "batch"}, "error: invalid setting training.backend='batch': expected one of ec2, sagemaker"),
+    # issue 43: a retired setting names what replaces it
+    ({"sentiment.runtime": "dlc"}, "error: invalid setting sentiment.runtime='dlc': expected it removed (retired in "
+                                   "issue 43): our serving image is the only sentiment runtime"),
 ]
 
 

@@ -54,9 +54,22 @@ def test_register_model_runs_on_success_markers_only(synthesized):
     function = _by_service(template, "register-model")
     variables = function["Environment"]["Variables"]
     assert variables["MODEL_PACKAGE_GROUP"] == "mlrecipes-dev-sentiment"
-    assert variables["INFERENCE_IMAGE"].endswith("/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker")
+    assert "-container-assets-" in json.dumps(variables["INFERENCE_IMAGE"])  # our serving image (next test)
     template.has_resource_properties("AWS::SageMaker::ModelPackageGroup",
                                      {"ModelPackageGroupName": "mlrecipes-dev-sentiment"})
+
+
+def test_registration_names_the_image_the_sentiment_stack_deploys(synthesized):
+    """Issue 43: a registered package names our serving image (not the retired TorchServe DLC), at the repository
+    and tag the sentiment stack of the same code pushes it to, known at synth without building it here."""
+    result = synthesized("prod-sentiment")
+    variables = _by_service(result.template("operations"), "register-model")["Environment"]["Variables"]
+    separator, parts = variables["INFERENCE_IMAGE"]["Fn::Join"]
+    registered = separator.join(part if isinstance(part, str) else f"${{{part['Ref']}}}" for part in parts)
+    [model] = result.template("sentiment").find_resources("AWS::SageMaker::Model").values()
+    assert registered == model["Properties"]["PrimaryContainer"]["Image"]["Fn::Sub"]
+    [assets] = result.outdir.glob("*-operations.assets.json")
+    assert json.loads(assets.read_text()).get("dockerImages", {}) == {}  # deploying operations builds no image
 
 
 def test_watchdog_runs_on_a_schedule_and_may_terminate_only_tagged_training_instances(synthesized):

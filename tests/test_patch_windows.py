@@ -23,7 +23,8 @@ def test_every_row_has_a_date_and_a_source_and_every_offered_image_has_a_row():
     for key, window in WINDOWS.items():
         assert isinstance(window.end_of_patch, date) and len(window.source) > 20, key
     assert {f"djl-inference:{version}" for version in LMI_VERSIONS} <= set(WINDOWS)
-    assert {"pytorch-inference-arm64:2.6", "pytorch-inference-graviton:2.4", BASE} <= set(WINDOWS)
+    assert BASE in WINDOWS
+    assert not any(key.startswith("pytorch-inference") for key in WINDOWS)  # the retired TorchServe images (issue 43)
     dockerfile = (REPO_ROOT / "inference" / "sentiment" / "image" / "Dockerfile").read_text()
     assert re.search(rf"^ARG BASE_IMAGE=\S+/{re.escape(BASE)}@sha256:[0-9a-f]{{64}}$", dockerfile, re.M)
 
@@ -33,19 +34,16 @@ def test_the_default_images_of_every_workload_are_known():
                                       "sentiment.model_data_url": MODEL})
     images = deployed_images(settings)
     assert set(images) == {"pytorch:2.13-ec2", BASE, "djl-inference:0.36.0-lmi27"}
-    assert images[BASE] == "sentiment.runtime=server"
+    assert images[BASE] == "sentiment.enabled=true"
     sagemaker = load_settings("prod", {"training.backend": "sagemaker"})
     assert set(deployed_images(sagemaker)) == {"pytorch:2.13-sagemaker"}
-    dlc = load_settings("prod", {"sentiment.enabled": True, "sentiment.model_data_url": MODEL,
-                                 "sentiment.runtime": "dlc"})
-    assert deployed_images(dlc) == {"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}
 
 
 @pytest.mark.parametrize(("days_before", "warned"), [(WARN_DAYS + 1, False), (WARN_DAYS, True),
                                                      (WARN_DAYS - 1, True), (1, True), (0, True)])
 def test_a_warning_within_90_days_of_the_end_and_none_before(days_before, warned):
     end = WINDOWS[BASE].end_of_patch
-    warnings = check({BASE: "sentiment.runtime=server"}, allow_unpatched=False, on=end - timedelta(days_before))
+    warnings = check({BASE: "sentiment.enabled=true"}, allow_unpatched=False, on=end - timedelta(days_before))
     assert bool(warnings) is warned
     if warned:
         [line] = warnings
@@ -53,18 +51,18 @@ def test_a_warning_within_90_days_of_the_end_and_none_before(days_before, warned
 
 
 def test_after_the_end_synth_refuses_in_one_line_unless_allowed():
-    window = WINDOWS["pytorch-inference-arm64:2.6"]
+    window = WINDOWS["djl-inference:0.23.0"]
     after = window.end_of_patch + timedelta(days=1)
     with pytest.raises(SettingsError) as refused:
-        check({"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}, allow_unpatched=False, on=after)
+        check({"djl-inference:0.23.0": "falcon.lmi_version=0.23.0"}, allow_unpatched=False, on=after)
     message = str(refused.value)
     assert "\n" not in message
-    assert message.startswith("invalid setting sentiment.runtime='dlc': expected an image inside its patch window")
-    assert "ended patching on 2026-06-30 (source: aws/deep-learning-containers e0ecedea docs/src/data/" \
-           "pytorch-inference-arm64/2.6-cpu-sagemaker.yml eop)" in message
+    assert message.startswith("invalid setting falcon.lmi_version='0.23.0': expected an image inside its patch window")
+    assert "ended patching on 2024-07-14 (source: no vendor end-of-patch date (aws/deep-learning-containers " \
+           "e0ecedea: docs/src/data/djl-inference/*.yml carry no eop); derived: GA + 1 year" in message
     assert message.endswith("set allow_unpatched_images=true to deploy it anyway")
-    [warning] = check({"pytorch-inference-arm64:2.6": "sentiment.runtime=dlc"}, allow_unpatched=True, on=after)
-    assert "ended patching on 2026-06-30, 1 days ago; deployed because allow_unpatched_images=true" in warning
+    [warning] = check({"djl-inference:0.23.0": "falcon.lmi_version=0.23.0"}, allow_unpatched=True, on=after)
+    assert "ended patching on 2024-07-14, 1 days ago; deployed because allow_unpatched_images=true" in warning
 
 
 def test_an_image_without_a_window_is_refused():
@@ -76,25 +74,24 @@ def test_an_image_without_a_window_is_refused():
 def test_a_bad_date_for_the_check_is_one_line(monkeypatch):
     monkeypatch.setenv(TODAY_ENV, "next tuesday")
     with pytest.raises(SettingsError, match=r"invalid setting PATCH_WINDOW_TODAY='next tuesday': expected a date"):
-        check({BASE: "sentiment.runtime=server"}, allow_unpatched=False)
+        check({BASE: "sentiment.enabled=true"}, allow_unpatched=False)
 
 
 @pytest.mark.slow
-def test_synth_refuses_the_retired_torchserve_image_and_takes_it_with_the_flag(tmp_path, monkeypatch):
+def test_synth_refuses_an_image_past_its_end_and_takes_it_with_the_flag(tmp_path, monkeypatch):
     monkeypatch.setenv(TODAY_ENV, "2026-12-04")
-    context = {"env": "dev", "sentiment.enabled": "true", "sentiment.model_data_url": MODEL,
-               "sentiment.runtime": "dlc"}
+    context = {"env": "dev", "falcon.enabled": "true", "falcon.lmi_version": "0.23.0"}
     refused = run_app(context, tmp_path / "refused")
     assert refused.returncode == 1
     [line] = refused.stderr.strip().splitlines()
-    assert line.startswith("error: invalid setting sentiment.runtime='dlc': expected an image inside its patch "
-                           "window: pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe) ended "
-                           "patching on 2026-06-30 (source: aws/deep-learning-containers e0ecedea"), line
+    assert line.startswith("error: invalid setting falcon.lmi_version='0.23.0': expected an image inside its patch "
+                           "window: djl-inference:0.23.0-deepspeed0.9.5-cu118 ended patching on 2024-07-14"), line
     allowed = run_app({**context, "allow_unpatched_images": "true"}, tmp_path / "allowed")
     assert allowed.returncode == 0, allowed.stderr
-    assert "warning: dev: pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker (TorchServe) ended patching " \
-           "on 2026-06-30, 157 days ago" in allowed.stderr
-    # The default runtime, our image (python:3.13-slim-trixie, 2028-08-09), is far off: the same check has no warning.
+    days = (date(2026, 12, 4) - WINDOWS["djl-inference:0.23.0"].end_of_patch).days
+    assert f"warning: dev: djl-inference:0.23.0-deepspeed0.9.5-cu118 ended patching on 2024-07-14, {days} days " \
+           "ago" in allowed.stderr
+    # Our serving image (python:3.13-slim-trixie, 2028-08-09) is far off: the same check has no warning.
     ours = deployed_images(load_settings("dev", {"sentiment.enabled": "true", "sentiment.model_data_url": MODEL}))
     assert any(key.startswith("python:3.13-slim-trixie") for key in ours), ours
     assert check(ours, allow_unpatched=False) == []

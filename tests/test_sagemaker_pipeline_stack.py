@@ -18,6 +18,7 @@ from settings import settings_from_context
 from stacks import sagemaker_training
 from stacks.instances import has_instance_storage
 from stacks.sagemaker_training import GATE_METRIC
+from stacks.sentiment import serving_image_tag
 from tests import botocore_rules
 
 ACCOUNT = "123456789012"
@@ -73,6 +74,8 @@ def _render(value) -> str:
             return "example-bucket"
     if value.get("Ref") == "AWS::AccountId":
         return ACCOUNT
+    if value.get("Ref") == "AWS::URLSuffix":
+        return "amazonaws.com"
     raise AssertionError(f"no stand-in for token {value}")
 
 
@@ -276,7 +279,8 @@ def test_gate_registers_pending_approval_with_metrics_or_fails(definition):
     assert register["ModelApprovalStatus"] == "PendingManualApproval"
     container = register["InferenceSpecification"]["Containers"][0]
     assert container["ModelDataUrl"] == MODEL_URL
-    assert "pytorch-inference-arm64" in container["Image"]
+    assert container["Image"] == (f"{ACCOUNT}.dkr.ecr.us-west-2.amazonaws.com/cdk-hnb659fds-container-assets-"
+                                  f"{ACCOUNT}-us-west-2:{serving_image_tag()}")  # our image, as the stack tags it
     assert register["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == (
         f"s3://example-bucket/models/sentiment-sagemaker/{EXECUTION_ID}/checkpoints/metrics.json")
     assert register["CustomerMetadataProperties"]["validation_recall_macro"] == "0.7123"
@@ -353,23 +357,11 @@ def test_template_passes_cfn_lint_without_a_warning(synthesized):
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
 
 
-def test_archive_wheels_are_fetched_for_the_hosting_images_python(definition, monkeypatch):
-    """The job's SERVING_PYTHON and SERVING_PLATFORMS come from the sentiment image, and the entry point uses them."""
-    from stacks.sentiment import GRAVITON_IMAGES
-    from stacks.serving_wheels import wheel_target
-    from training import sagemaker_entry
-
-    environment = definition["Steps"][0]["Arguments"]["Environment"]
-    expected = wheel_target(settings_from_context({}).sentiment.pytorch_version, GRAVITON_IMAGES)
-    assert environment["SERVING_PYTHON"] == expected.python
-    assert environment["SERVING_PLATFORMS"] == expected.platform_flags()
-    monkeypatch.setenv("SERVING_PYTHON", "3.11")
-    assert sagemaker_entry.build_parser().parse_args([]).python_version == "3.11"
-
-
 def test_registered_package_carries_the_sentiment_stacks_container_environment(definition):
-    """Deployed from the registry directly, the worker must still load our handler service (issue 15)."""
+    """Deployed from the registry directly, our server gets the settings the sentiment stack gives it."""
+    from stacks.sentiment import server_environment
+
     register = _request(definition["Steps"][1]["Arguments"]["IfSteps"][0])
     container = register["InferenceSpecification"]["Containers"][0]
-    assert container["Environment"]["TS_DEFAULT_SERVICE_HANDLER"] == "sentiment_service:handle"
+    assert container["Environment"] == server_environment(settings_from_context({}).sentiment)
     assert int(container["Environment"]["OMP_NUM_THREADS"]) >= 1

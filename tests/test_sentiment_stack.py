@@ -1,5 +1,4 @@
-"""The Graviton sentiment endpoint: our image by default (the DLC selectable), isolation, encryption, safe updates,
-scaling."""
+"""The Graviton sentiment endpoint: our image, isolation, encryption, safe updates, scaling."""
 
 from __future__ import annotations
 
@@ -10,11 +9,8 @@ from aws_cdk.assertions import Match
 
 from settings import SettingsError, load_settings
 from stacks.sentiment import (
-    GRAVITON_IMAGES,
     SERVING_IMAGE_CONTEXT,
     check,
-    container_environment,
-    graviton_image_uri,
     server_environment,
     vcpus,
 )
@@ -33,32 +29,13 @@ def test_no_sentiment_stack_unless_enabled(synthesized):
     assert not any(name.endswith("-sentiment") for name in synthesized("prod").templates)
 
 
-@pytest.mark.parametrize(("config", "image"), [
-    ("prod-sentiment-dlc",
-     "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"),
-    ("dev-sentiment-af",
-     "626614931356.dkr.ecr.af-south-1.amazonaws.com/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker"),
-])
-def test_image_uri_for_the_region(synthesized, config, image):
-    model = _one(synthesized(config).template("sentiment"), "AWS::SageMaker::Model")
-    assert model["Properties"]["PrimaryContainer"]["Image"] == image
-
-
-def test_dlc_model_is_isolated_in_private_subnets_with_the_handler_and_graviton_tuning(synthesized):
-    template = synthesized("prod-sentiment-dlc").template("sentiment")
+def test_model_is_unnamed_and_isolated_in_private_subnets(synthesized):
+    template = synthesized("prod-sentiment").template("sentiment")
     model = _one(template, "AWS::SageMaker::Model")["Properties"]
     assert "ModelName" not in model
     assert model["EnableNetworkIsolation"] is True
     assert model["PrimaryContainer"]["ModelDataUrl"] == MODEL_URL
     assert all("privateSubnet" in s["Fn::ImportValue"] for s in model["VpcConfig"]["Subnets"])
-    env = model["PrimaryContainer"]["Environment"]
-    assert env["SAGEMAKER_PROGRAM"] == "inference.py"
-    assert env["SAGEMAKER_SUBMIT_DIRECTORY"] == "/opt/ml/model/code"
-    assert env["DNNL_DEFAULT_FPMATH_MODE"] == "BF16"
-    assert env["LRU_CACHE_CAPACITY"] == "1024" and env["THP_MEM_ALLOC_ENABLE"] == "1"
-    # 16 vCPUs of ml.c7g.4xlarge: 2 kept for TorchServe's front end, 14 over 2 workers (sentiment/container.py).
-    assert env["OMP_NUM_THREADS"] == "7"
-    assert env["TS_DEFAULT_SERVICE_HANDLER"] == "sentiment_service:handle"  # 4xx for bad bytes, JSON errors
     groups = template.find_resources("AWS::EC2::SecurityGroup")
     assert all("SecurityGroupIngress" not in g["Properties"] for g in groups.values())
 
@@ -148,12 +125,6 @@ def test_outputs_name_the_endpoint_and_how_to_call_it(synthesized):
     assert "python -m inference.sentiment.predict --endpoint prod-sentiment" in outputs["PredictCommand"]["Value"]
 
 
-def test_image_table_covers_both_repository_names():
-    assert graviton_image_uri("us-west-2", "2.4.0").endswith(
-        "/pytorch-inference-graviton:2.4.0-cpu-py311-ubuntu22.04-sagemaker")
-    assert set(GRAVITON_IMAGES) == {"2.4.0", "2.6.0"}
-
-
 @pytest.mark.parametrize(("instance_type", "count"), [
     ("ml.c7g.large", 2), ("ml.c7g.xlarge", 4), ("ml.c7g.4xlarge", 16), ("ml.m6g.16xlarge", 64)])
 def test_vcpus(instance_type, count):
@@ -162,7 +133,7 @@ def test_vcpus(instance_type, count):
 
 def test_threads_split_vcpus_between_workers():
     config = load_settings("dev", {"sentiment.instance_type": "ml.c7g.2xlarge", "sentiment.workers": "4"}).sentiment
-    assert container_environment(config, "us-west-2")["OMP_NUM_THREADS"] == "1"  # (8 - 1 front end) // 4
+    assert server_environment(config)["OMP_NUM_THREADS"] == "1"  # (8 - 1 kept for the event loop) // 4
 
 
 @pytest.mark.parametrize(("vcpu_count", "workers", "threads"), [
@@ -195,47 +166,7 @@ def test_enabled_without_a_model_url_stops_synth():
         load_settings("dev", {"sentiment.enabled": "true"})
 
 
-def test_graviton_image_uris_agree_with_the_sagemaker_sdk_for_every_region_and_version_it_knows():
-    """The SDK's offline tables, so a new region or a moved repository cannot drift past us silently."""
-    from sagemaker.core import image_uris
-
-    from stacks.images import DLC_ACCOUNTS
-
-    versions = image_uris.config_for_framework("pytorch")["inference_graviton"]["versions"]
-    shared = set(versions) & set(GRAVITON_IMAGES)
-    assert shared == set(GRAVITON_IMAGES), "the SDK no longer knows a version we offer"
-    for version in sorted(shared):
-        sdk = versions[version]
-        assert sdk["repository"] == GRAVITON_IMAGES[version][0]
-        assert f"py{GRAVITON_IMAGES[version][2].replace('.', '')}" in sdk["py_versions"]
-        for region, account in sdk["registries"].items():
-            assert DLC_ACCOUNTS.get(region) == account, region
-            assert graviton_image_uri(region, version).startswith(f"{account}.dkr.ecr.{region}.")
-        for region in ("us-west-2", "af-south-1", "cn-north-1", "us-gov-west-1"):
-            assert graviton_image_uri(region, version) == image_uris.retrieve(
-                "pytorch", region=region, version=version, image_scope="inference_graviton",
-                instance_type="ml.c7g.4xlarge")
-
-
-def test_dlc_pulls_from_the_dlc_registry(synthesized):
-    policies = synthesized("prod-sentiment-dlc").template("sentiment").find_resources("AWS::IAM::Policy")
-    statements = [s for policy in policies.values() for s in policy["Properties"]["PolicyDocument"]["Statement"]]
-    [pull] = [s for s in statements if s.get("Sid") == "PullImage"]
-    assert pull["Resource"] == "arn:aws:ecr:us-west-2:763104351884:repository/pytorch-inference-arm64"
-
-
-def test_int8_quantization_is_a_setting_off_by_default():
-    from settings import SettingsError
-
-    config = load_settings("dev").sentiment
-    assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "none"
-    config = load_settings("dev", {"sentiment.runtime": "dlc", "sentiment.quantize": "int8"}).sentiment
-    assert container_environment(config, "us-west-2")["SENTIMENT_QUANTIZE"] == "int8"
-    with pytest.raises(SettingsError, match=r"sentiment\.quantize"):
-        load_settings("dev", {"sentiment.quantize": "fp8"})
-
-
-# --- our serving image (sentiment.runtime=server, the default) ------------------------------------------------------
+# --- our serving image -----------------------------------------------------------------------------------------
 
 def test_default_runtime_is_our_arm64_image_built_by_the_app(synthesized):
     result = synthesized("prod-sentiment")
@@ -251,14 +182,16 @@ def test_default_runtime_is_our_arm64_image_built_by_the_app(synthesized):
     context = result.outdir / docker["source"]["directory"]
     files = {str(path.relative_to(context)) for path in context.rglob("*") if path.is_file()}
     assert "inference/sentiment/server/__main__.py" in files and "inference/sentiment/image/Dockerfile" in files
-    assert all(name.startswith("inference/") for name in files), sorted(files)[:20]
+    outside = {name for name in files if not name.startswith("inference/")}
+    assert outside == {"common/__init__.py", "common/library_warnings.py"}, sorted(outside)[:20]
     assert not any("__pycache__" in name or name.startswith("inference/llm/") for name in files)
 
 
 def test_our_server_gets_workers_threads_batching_and_no_toolkit_settings(synthesized):
     model = _one(synthesized("prod-sentiment").template("sentiment"), "AWS::SageMaker::Model")["Properties"]
     env = model["PrimaryContainer"]["Environment"]
-    # 16 vCPUs of ml.c7g.4xlarge, 2 workers: the same formula as the TorchServe path (sentiment/container.py).
+    # 16 vCPUs of ml.c7g.4xlarge, 2 workers: 2 kept for the event loop and tokenizer, 14 over 2 replicas
+    # (inference/sentiment/container.py).
     assert env["SAGEMAKER_MODEL_SERVER_WORKERS"] == "2" and env["OMP_NUM_THREADS"] == "7"
     assert (env["MAX_BATCH"], env["SENTIMENT_MAX_BATCH_SIZE"], env["SENTIMENT_MAX_BATCH_WAIT_MS"],
             env["SENTIMENT_MAX_QUEUE"]) == ("64", "32", "5", "256")
@@ -280,11 +213,9 @@ def test_server_settings_reach_the_environment():
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"sentiment.runtime": "torchserve"}, r"sentiment\.runtime='torchserve': expected one of server, dlc"),
     ({"sentiment.precision": "fp16"}, r"sentiment\.precision='fp16': expected one of fp32, bf16, int8"),
     ({"sentiment.max_batch_wait_ms": "5000"}, r"sentiment\.max_batch_wait_ms"),
     ({"sentiment.max_queue": "32"}, r"sentiment\.max_queue=32: expected at least sentiment\.max_batch \(64\)"),
-    ({"sentiment.quantize": "int8"}, r"sentiment\.quantize='int8': expected none with sentiment\.runtime=server"),
     ({"sentiment.drain_seconds": "30"}, r"sentiment\.drain_seconds"),
     ({"sentiment.request_timeout_ms": "15000", "sentiment.drain_seconds": "10"},
      r"sentiment\.request_timeout_ms=15000: expected below sentiment\.drain_seconds \(10 s = 10000 ms\)"),
@@ -309,8 +240,6 @@ def test_image_scanning_on_push_and_its_findings_reach_the_alarm_topic(synthesiz
     assert "Fn::ImportValue" in json.dumps(rule["Targets"][0]["Arn"])  # the environment's alarm topic
     outputs = template.to_json()["Outputs"]
     assert "describe-image-scan-findings" in json.dumps(outputs["ImageScanFindingsCommand"]["Value"])
-    # The DLC runtime has no image of ours to scan.
-    assert not synthesized("prod-sentiment-dlc").template("sentiment").find_resources("AWS::Events::Rule")
 
 
 def test_the_image_context_list_matches_the_dockerignore():

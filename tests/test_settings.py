@@ -113,6 +113,47 @@ def test_bad_input_names_key_value_and_what_is_allowed(context, key, fragments):
         assert fragment in message, message
 
 
+# --- settings retired with sentiment.runtime=dlc (issue 43) --------------------------------------------------------
+
+@pytest.mark.parametrize(("key", "value", "replacement"), [
+    ("sentiment.runtime", "dlc", "our serving image is the only sentiment runtime since the TorchServe image of "
+                                 "sentiment.runtime=dlc (pytorch-inference-arm64:2.6) ended patching on 2026-06-30"),
+    ("sentiment.quantize", "int8", "our server's int8 is sentiment.precision=int8"),
+    ("sentiment.pytorch_version", "2.6.0", "the serving image's torch is pinned in "
+                                           "inference/sentiment/image/torch.lock"),
+])
+def test_a_retired_setting_fails_naming_key_value_and_what_replaces_it(key, value, replacement):
+    """From `-c`, scoped `-c`, and cdk.json's environment and shared blocks alike: never silently ignored."""
+    environments, shared = read_context()
+    section, name = key.split(".")
+    sources = [
+        lambda: settings_from_context({"env": "prod", key: value}),
+        lambda: settings_from_context({"env": "prod", f"prod/{key}": value}),
+        lambda: load_settings("dev", environments={**environments, "dev": {section: {name: value}}}, shared=shared),
+        lambda: load_settings("dev", environments=environments, shared={section: {name: value}}),
+    ]
+    for source in sources:
+        with pytest.raises(SettingsError) as caught:
+            source()
+        message = str(caught.value)
+        assert (caught.value.key, caught.value.value) == (key, value)
+        assert message.startswith(f"invalid setting {key}='{value}': expected it removed (retired"), message
+        assert replacement in message and "\n" not in message
+
+
+def test_the_default_value_a_retired_setting_had_is_refused_too():
+    """`sentiment.runtime=server` was the default: a cdk.json that spelled it out must drop it as well."""
+    with pytest.raises(SettingsError, match=r"invalid setting sentiment.runtime='server': expected it removed"):
+        settings_from_context({"sentiment.runtime": "server"})
+
+
+def test_retired_settings_are_no_settings():
+    from settings import RETIRED
+
+    assert set(RETIRED) == {"sentiment.runtime", "sentiment.quantize", "sentiment.pytorch_version"}
+    assert not set(RETIRED) & set(known_settings())
+
+
 def test_bad_value_in_an_environment_declaration_is_reported_too():
     with pytest.raises(SettingsError, match=r"network.nat_gateways=5: expected a value from 1 to 2"):
         load_settings("dev", environments={"dev": {"network": {"nat_gateways": 5}}})

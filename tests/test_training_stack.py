@@ -166,11 +166,11 @@ def test_outputs_tell_the_operator_what_comes_next(synthesized):
     assert follow[0] == "aws logs tail " and follow[2] == " --follow --region us-west-2"
 
 
-def test_user_data_names_the_nvme_and_the_hosting_images_python(synthesized):
+def test_user_data_names_the_nvme_and_no_hosting_image(synthesized):
     script = _literal_user_data(synthesized("prod-training").template("training"))
     assert "export NVME_MOUNT=/opt/dlami/nvme\n" in script  # p4d.24xlarge has 8 TB of instance storage
-    assert "export SERVING_PYTHON=3.12\n" in script  # sentiment.pytorch_version 2.6.0: the py312 arm64 image
-    assert "export SERVING_PLATFORMS='--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64'\n" in script
+    # No wheels for a hosting image's Python (the retired TorchServe image's): our image carries every package.
+    assert "SERVING_" not in script and "pip download" not in script
 
 
 def test_no_zone_set_takes_the_first_private_subnet_and_no_reservation(synthesized):
@@ -199,8 +199,6 @@ def test_zone_and_capacity_reservation(synthesized):
     ({"training.availability_zone": "us-west-2c", "network.availability_zones": "us-west-2a,us-west-2b"},
      ["training.availability_zone='us-west-2c'", "one of network.availability_zones (us-west-2a, us-west-2b)"]),
     ({"training.availability_zone": "us-west-2a"}, ["network.availability_zones (unset: set them too)"]),
-    ({"sentiment.pytorch_version": "2.4.0"},
-     ["sentiment.pytorch_version='2.4.0'", "torch >= 2.6", "transformers 5.20.0", "2.6.0"]),
 ])
 def test_settings_the_training_stack_refuses(overrides, fragments):
     from settings import SettingsError, load_settings

@@ -83,8 +83,6 @@ VALUES = {
     "INFERENCE_CODE_URL": "s3://cdk-assets/inference.zip",
     "MAX_HOURS": "6",
     "TRAIN_ARGS": "--num-train-epochs 10 --learning-rate 1e-05",
-    "SERVING_PYTHON": "3.12",
-    "SERVING_PLATFORMS": "--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64",
 }
 
 PREFIX = "s3://artifact-bucket/models/sentiment/run-0042"
@@ -197,7 +195,7 @@ def test_every_step_is_logged_to_cloudwatch(tmp_path):
     steps = [c for c in calls if c.startswith("aws logs put-log-events") and "step: " in c]
     assert [s.split("step: ")[1].split('"')[0] for s in steps] == [
         "log set-up", "local storage", "gpu check", "registry login", "pull base image", "fetch code", "build image",
-        "train", "wheelhouse", "package", "upload"]
+        "train", "package", "upload"]
     assert all("--log-group-name training-logs --log-stream-name run-0042/steps" in s for s in steps)
     # The stream exists before the first event is put.
     create = _index(calls, "aws logs create-log-stream --region us-west-2 --log-group-name training-logs "
@@ -217,7 +215,6 @@ FAILURES = {
     "fetch code": {"fail_on": "cp --only-show-errors s3://cdk-assets/training.zip"},
     "build image": {"fail_on": "docker build"},
     "train": {"fail_on": "torchrun"},
-    "wheelhouse": {"fail_on": "pip download"},
     "package": {"fail_on": "training.package"},
     "upload": {"fail_on": f"model.tar.gz {PREFIX}/model.tar.gz"},
 }
@@ -257,12 +254,6 @@ def test_without_instance_storage_the_root_volume_is_used_and_nothing_waits(tmp_
     assert (tmp_path / "root" / "run-run-0042" / "model.tar.gz").is_file()
 
 
-def test_wheelhouse_is_fetched_for_the_hosting_image(tmp_path):
-    _, calls, _ = run_user_data(tmp_path, SERVING_PYTHON="3.11")
-    wheels = calls[_index(calls, "pip download")]
-    assert "--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 --python-version 3.11" in wheels
-
-
 def test_missing_bucket_still_shuts_down(tmp_path):
     result, calls, uploads = run_user_data(tmp_path, BUCKET=None)
     assert result.returncode != 0
@@ -279,9 +270,9 @@ def test_the_image_entrypoint_gets_the_commands_as_argument_lists(tmp_path):
     assert train[:6] == ["container torchrun", "--nproc_per_node", "8", "-m", "training.train_sentiment",
                          "--output-dir"]
     assert "--num-train-epochs" in train and train[train.index("--num-train-epochs") + 1] == "10"
-    assert calls[_index(calls, "container pip|")].startswith("container pip|download|--quiet|--only-binary=:all:")
     package = calls[_index(calls, "container python|")].split("|")
     assert package[1:4] == ["-m", "training.package", "--model-dir"]
+    assert "--wheelhouse" not in package  # our image carries the handler's packages (issue 43)
 
 
 def test_efa_devices_go_to_the_container_when_the_instance_has_them(tmp_path):
@@ -292,7 +283,7 @@ def test_efa_devices_go_to_the_container_when_the_instance_has_them(tmp_path):
     result, calls, _ = run_user_data(tmp_path, EFA_DEVICE_DIR=str(devices))
     assert result.returncode == 0, result.stdout + result.stderr
     train_devices = [c for c in calls if c.startswith("device ")]
-    # three docker runs (train, wheelhouse, package), four devices each
+    # two docker runs (train, package), four devices each
     assert train_devices[:4] == [f"device {devices}/uverbs{index}" for index in range(4)]
     assert "container-env FI_PROVIDER=efa" in calls and "container-env FI_EFA_USE_DEVICE_RDMA=1" in calls
     (tmp_path / "plain").mkdir()

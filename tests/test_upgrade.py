@@ -127,6 +127,19 @@ def test_an_upgrade_from_the_last_release_keeps_every_stateful_resource(synthesi
     assert {key: problems.get(key) for key in ACCEPTED} == {key: expected for key, (expected, _) in ACCEPTED.items()}
 
 
+def test_the_release_compared_is_a_torchserve_deployment_so_the_check_covers_its_upgrade(synthesized):
+    """Issue 43: the baseline release hosts sentiment on the retired TorchServe image (sentiment.runtime=dlc, then the
+    default), today's on our serving image; the check above is therefore the upgrade of such an environment. When
+    the baseline is refreshed to a release after issue 43, this test has served its purpose: delete it."""
+    def image(templates: dict) -> str:
+        [model] = [r for r in templates["mlrecipes-prod-sentiment"]["Resources"].values()
+                   if r["Type"] == "AWS::SageMaker::Model"]
+        return json.dumps(model["Properties"]["PrimaryContainer"]["Image"])
+
+    assert "/pytorch-inference-arm64:2.6.0-cpu-py312-ubuntu22.04-sagemaker" in image(release_templates())
+    assert "-container-assets-" in image(synthesized("prod-all-on").templates)
+
+
 # --- the check can fail ---------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

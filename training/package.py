@@ -1,16 +1,15 @@
-"""Build the model.tar.gz that SageMaker's PyTorch serving container loads.
+"""Build the model.tar.gz that the sentiment endpoint (our serving image) loads.
 
-Layout: model and tokenizer files at the root, `code/inference.py` (the handler from `inference/`),
-`code/sentiment_service.py` (the handler service that keeps client errors 4xx), `code/requirements.txt`, and
-`precision.json`: the accuracy gate's result for this model (`inference.sentiment.accuracy_check`), measured on
-this machine, which our server reads to pick its engine and precision (`inference.sentiment.precision`: torch fp32,
-bf16 or int8, or ONNX Runtime fp32 or int8), and `onnx/`: the model exported to ONNX before the gate
-(`inference.sentiment.onnx_export`: `model.fp32.onnx`, `model.int8.onnx`, and `export.json` saying what was
-exported with which versions, or why the export failed; a model that does not export still packages and serves on
-torch). The export goes with the gate: `--skip-gate` writes neither, `--skip-onnx` the gate without ONNX.
-With `--wheelhouse` the archive also carries the handler's wheels in `code/wheels/` and the requirements
-install from them alone (`--no-index`), so an endpoint with network isolation can start. The model directory
-and the finished archive are both checked before anything is written to `--output`.
+Layout: model and tokenizer files at the root, `precision.json`: the accuracy gate's result for this model
+(`inference.sentiment.accuracy_check`), measured on this machine, which our server reads to pick its engine and
+precision (`inference.sentiment.precision`: torch fp32, bf16 or int8, or ONNX Runtime fp32 or int8), and `onnx/`:
+the model exported to ONNX before the gate (`inference.sentiment.onnx_export`: `model.fp32.onnx`,
+`model.int8.onnx`, and `export.json` saying what was exported with which versions, or why the export failed; a model
+that does not export still packages and serves on torch). The export goes with the gate: `--skip-gate` writes
+neither, `--skip-onnx` the gate without ONNX. No `code/`: the image carries our handler and every package, so
+nothing is installed when the endpoint starts. `--handler FILE` adds `code/inference.py` for SageMaker's PyTorch
+toolkit, which only `make bench-handler`'s toolkit baseline runs. The model directory and the finished archive are
+both checked before anything is written to `--output`.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -33,15 +31,8 @@ from training import LABELS
 
 PROG = "python -m training.package"
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_HANDLER = ROOT / "inference" / "sentiment" / "inference.py"
-# The TorchServe handler service the stack selects (TS_DEFAULT_SERVICE_HANDLER): 4xx and one-line JSON errors.
-SERVICE = ROOT / "inference" / "sentiment" / "sentiment_service.py"
-# What the handler needs on top of the serving image (owned, like the handler, by inference/).
-HANDLER_REQUIREMENTS = ROOT / "inference" / "sentiment" / "requirements.txt"
-WHEELS_DIR = "wheels"
-# The Graviton PyTorch inference image (pytorch-inference-arm64 2.6): CPython 3.12, glibc 2.35.
-DEFAULT_PYTHON = "3.12"
-DEFAULT_PLATFORMS = ("manylinux_2_28_aarch64", "manylinux2014_aarch64", "linux_aarch64")
+# Where SageMaker's PyTorch toolkit imports a handler from (`--handler`; our server reads no code/).
+TOOLKIT_HANDLER = "code/inference.py"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # Present in a Trainer checkpoint-* directory, never in a finished model.
@@ -128,47 +119,6 @@ def check_model_dir(model_dir: Path) -> dict:
     return config.to_dict()
 
 
-def read_requirements(path: Path) -> list[str]:
-    """Requirement lines without comments, blanks or index options (the archive sets its own)."""
-    lines = []
-    for raw in path.read_text().splitlines():
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("-"):
-            raise PackageError(f"--requirements {path}: option line {line!r} not supported; list packages only")
-        lines.append(line)
-    return lines
-
-
-def archive_requirements(requirements: list[str], offline: bool) -> str:
-    """code/requirements.txt; pip resolves a relative --find-links against the file's own folder."""
-    head = ["--no-index", f"--find-links {WHEELS_DIR}"] if offline else []
-    return "\n".join([*head, *requirements]) + "\n"
-
-
-def check_wheelhouse(wheels: list[Path], requirements: list[str], python: str, platforms: list[str]) -> None:
-    """Resolve the requirements from the wheels alone, for the serving image's Python and platform."""
-    if not requirements:
-        return
-    with tempfile.TemporaryDirectory() as scratch:
-        links = Path(scratch) / "links"
-        links.mkdir()
-        for wheel in wheels:
-            os.symlink(wheel.resolve(), links / wheel.name)
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-index", "--find-links", str(links)]
-        command += ["--only-binary=:all:", "--python-version", python, "--dest", str(Path(scratch) / "out")]
-        for platform_tag in platforms:
-            command += ["--platform", platform_tag]
-        done = subprocess.run([*command, *requirements], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = [line for line in done.stderr.splitlines() if "ERROR" in line] or done.stderr.splitlines()[-1:]
-        raise PackageError(
-            f"--wheelhouse: the wheels do not cover {' '.join(requirements)} for Python {python} on "
-            f"{', '.join(platforms)}: {' '.join(reason).strip()}"
-        )
-
-
 def _normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """Root-owned and world-readable: the serving process may not run as the archive's owner."""
     info.uid = info.gid = 0
@@ -183,14 +133,14 @@ def _add_bytes(archive: tarfile.TarFile, name: str, data: bytes) -> None:
     archive.addfile(_normalise(info), io.BytesIO(data))
 
 
-def verify_archive(path: Path) -> list[str]:
-    """Member names, after checking the layout the container needs and that the config loads."""
+def verify_archive(path: Path, handler: bool = False) -> list[str]:
+    """Member names, after checking the layout the container needs (`handler`: the toolkit's code/inference.py too)
+    and that the config loads."""
     from transformers import AutoConfig
 
     with tarfile.open(path, "r:gz") as archive:
         names = archive.getnames()
-        required = ["config.json", "tokenizer_config.json", "code/inference.py", "code/requirements.txt",
-                    f"code/{SERVICE.name}"]
+        required = ["config.json", "tokenizer_config.json", *([TOOLKIT_HANDLER] if handler else [])]
         missing = [name for name in required if name not in names]
         if not any(name in names for name in WEIGHT_FILES + WEIGHT_INDEXES):
             missing.append(" or ".join(WEIGHT_FILES))
@@ -217,47 +167,20 @@ def verify_archive(path: Path) -> list[str]:
     return names
 
 
-def code_members(handler: Path, requirements: list[str], wheels: list[Path]) -> dict[str, Path | bytes]:
-    """What goes under code/, by archive name: the one statement of the serving layout, for this archive and for
-    the model directory SageMaker training tars as is (training.sagemaker_entry)."""
-    members: dict[str, Path | bytes] = {
-        "code/inference.py": handler,
-        f"code/{SERVICE.name}": SERVICE,
-        "code/requirements.txt": archive_requirements(requirements, bool(wheels)).encode(),
-    }
-    members.update({f"code/{WHEELS_DIR}/{wheel.name}": wheel for wheel in wheels})
-    return members
-
-
 def build(
     model_dir: Path,
     output: Path,
-    handler: Path = DEFAULT_HANDLER,
-    requirements_file: Path = HANDLER_REQUIREMENTS,
-    wheelhouse: Path | None = None,
-    python: str = DEFAULT_PYTHON,
-    platforms: list[str] | None = None,
+    handler: Path | None = None,
     gate: bool = True,
     gate_rounds: int | None = None,
     progress: Callable[[str], None] | None = None,
     onnx: bool = True,
 ) -> list[str]:
     """Check the inputs, export to ONNX and run the precision gate, write the archive to a temporary file, check
-    it, then move it."""
+    it, then move it. `handler`: a SageMaker PyTorch toolkit handler, shipped as code/inference.py."""
     check_model_dir(model_dir)
-    if not handler.is_file():
+    if handler is not None and not handler.is_file():
         raise PackageError(f"--handler {handler}: no such file")
-    if not requirements_file.is_file():
-        raise PackageError(f"--requirements {requirements_file}: no such file")
-    requirements = read_requirements(requirements_file)
-    wheels: list[Path] = []
-    if wheelhouse is not None:
-        if not wheelhouse.is_dir():
-            raise PackageError(f"--wheelhouse {wheelhouse}: no such directory")
-        wheels = sorted(wheelhouse.glob("*.whl"))
-        if not wheels:
-            raise PackageError(f"--wheelhouse {wheelhouse}: no .whl files in it")
-        check_wheelhouse(wheels, requirements, python, list(platforms or DEFAULT_PLATFORMS))
     if not output.name.endswith(".tar.gz"):
         raise PackageError(f"--output {output}: must end in .tar.gz (SageMaker expects a gzipped tar)")
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -282,12 +205,9 @@ def build(
                 archive.add(path, arcname=f"{ONNX_DIR}/{path.name}", filter=_normalise)
             if record is not None:
                 _add_bytes(archive, PRECISION_RECORD, (json.dumps(record, indent=2) + "\n").encode())
-            for name, source in code_members(handler, requirements, wheels).items():
-                if isinstance(source, bytes):
-                    _add_bytes(archive, name, source)
-                else:
-                    archive.add(source, arcname=name, filter=_normalise)
-        names = verify_archive(Path(temporary))
+            if handler is not None:
+                archive.add(handler, arcname=TOOLKIT_HANDLER, filter=_normalise)
+        names = verify_archive(Path(temporary), handler=handler is not None)
         shutil.move(temporary, output)
     finally:
         Path(temporary).unlink(missing_ok=True)
@@ -331,20 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model-dir", required=True, type=Path, help="output directory of a finished training")
     parser.add_argument("--output", required=True, type=Path, help="archive to write, e.g. model.tar.gz")
-    parser.add_argument("--handler", type=Path, default=DEFAULT_HANDLER, help="becomes code/inference.py")
-    parser.add_argument("--requirements", type=Path, default=HANDLER_REQUIREMENTS, help="the handler's requirements")
-    parser.add_argument(
-        "--wheelhouse",
-        type=Path,
-        help="folder of wheels for the serving image (linux aarch64); the archive then installs offline",
-    )
-    parser.add_argument("--python-version", default=DEFAULT_PYTHON, help="serving image's Python, for the check")
-    parser.add_argument(
-        "--platform",
-        action="append",
-        dest="platforms",
-        help=f"wheel platform tags the serving image accepts (repeatable; default: {' '.join(DEFAULT_PLATFORMS)})",
-    )
+    parser.add_argument("--handler", type=Path, default=None,
+                        help="a SageMaker PyTorch toolkit handler to ship as code/inference.py (the toolkit baseline "
+                             "of make bench-handler; our server reads no code/)")
     parser.add_argument("--skip-gate", action="store_true",
                         help="write no precision.json (the endpoint then serves fp32); the gate takes about a minute "
                              "for RoBERTa-base on 2 vCPUs")
@@ -365,10 +274,6 @@ def main(argv: list[str] | None = None) -> int:
             args.model_dir,
             args.output,
             handler=args.handler,
-            requirements_file=args.requirements,
-            wheelhouse=args.wheelhouse,
-            python=args.python_version,
-            platforms=args.platforms,
             gate=not args.skip_gate,
             gate_rounds=args.gate_rounds,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
@@ -377,10 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     except PackageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
-    wheels = sum(name.startswith(f"code/{WHEELS_DIR}/") for name in names)
     size = args.output.stat().st_size / 2**20
-    network = f"{wheels} wheels inside, installs offline" if wheels else "requirements install from PyPI at start-up"
-    print(f"wrote {args.output} ({size:.1f} MiB, {len(names)} files; {network})")
+    print(f"wrote {args.output} ({size:.1f} MiB, {len(names)} files)")
     record = read_archive_record(args.output)
     if record is None:
         print(f"no {PRECISION_RECORD} (--skip-gate): the endpoint serves fp32 unless sentiment.precision says "

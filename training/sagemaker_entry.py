@@ -1,7 +1,7 @@
 """The SageMaker training job's program: torchrun across every GPU of every instance, then a hostable model dir.
 
 SageMaker starts this once per instance (the pipeline's ContainerEntrypoint unpacks the code channels, installs
-training/requirements.txt and runs `python -m training.sagemaker_entry --download-wheels -- <trainer flags>`).
+training/requirements.txt and runs `python -m training.sagemaker_entry -- <trainer flags>`).
 It reads the cluster from SageMaker's layout:
 
 - hosts and this host: `SM_HOSTS` (a JSON list) and `SM_CURRENT_HOST`, else the platform's
@@ -15,12 +15,10 @@ It reads the cluster from SageMaker's layout:
 
 After training, node 0 turns the model dir into what the sentiment endpoint loads directly: weights and
 tokenizer at the root, `precision.json` (the accuracy gate's record, as `training.package` writes it, run on this
-instance's CPU: which precisions pass holds anywhere, the timings only for this kind of CPU), `onnx/` (the
-model exported to ONNX before the gate, as `training.package` does), `code/inference.py`,
-`code/requirements.txt` and (with --download-wheels or --wheelhouse) the handler's linux-aarch64 wheels in
-`code/wheels`, installed offline. It also copies
-metrics.json next to the checkpoints, where the model registry reads it (the archive itself is not readable
-by S3 URI).
+instance's CPU: which precisions pass holds anywhere, the timings only for this kind of CPU) and `onnx/` (the
+model exported to ONNX before the gate, as `training.package` does); no `code/`, since our serving image carries
+the handler and its packages. It also copies metrics.json next to the checkpoints, where the model registry reads
+it (the archive itself is not readable by S3 URI).
 
 Exit status: 0 done; 2 a wrong environment or argument (no hosts, unknown host, ambiguous channel);
 otherwise torchrun's status, or 3 when the finished model cannot be made hostable.
@@ -31,11 +29,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -181,35 +177,12 @@ def torchrun_command(cluster: Cluster, train_args: list[str], *, model_dir: Path
     ]  # fmt: skip
 
 
-def download_wheels(requirements: list[str], dest: Path, python: str) -> list[Path]:
-    """The handler's wheels for the Graviton serving image, as the EC2 path fetches them (pip download).
-
-    The platform flags are the ones the stack rendered from the sentiment image (stacks/serving_wheels.py,
-    SERVING_PLATFORMS, as for the EC2 run script); without them, the Graviton image's own two tags."""
-    from training import package
-
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-               "--python-version", python, "-d", str(dest)]
-    platform_flags = os.environ.get("SERVING_PLATFORMS")
-    if platform_flags:
-        command += shlex.split(platform_flags)
-    else:
-        for platform_tag in package.DEFAULT_PLATFORMS[:2]:
-            command += ["--platform", platform_tag]
-    subprocess.run([*command, *requirements], check=True)
-    return sorted(dest.glob("*.whl"))
-
-
-def make_hostable(model_dir: Path, *, handler: Path, requirements_file: Path, wheels: list[Path],
-                  python: str, gate: bool = True, gate_rounds: int | None = None) -> None:
-    """Add code/ and the accuracy gate's precision.json to the finished model dir, so SageMaker's model.tar.gz is
-    what the endpoint loads and carries the same record as an archive from `training.package`."""
+def make_hostable(model_dir: Path, *, gate: bool = True, gate_rounds: int | None = None) -> None:
+    """Add the accuracy gate's precision.json and the ONNX graphs to the finished model dir, so SageMaker's
+    model.tar.gz is what the endpoint loads and carries the same record as an archive from `training.package`."""
     from training import package
 
     package.check_model_dir(model_dir)
-    requirements = package.read_requirements(requirements_file)
-    if wheels:
-        package.check_wheelhouse(wheels, requirements, python, list(package.DEFAULT_PLATFORMS))
     record = None
     shutil.rmtree(model_dir / package.ONNX_DIR, ignore_errors=True)  # made afresh, like the record
     if gate:
@@ -220,18 +193,9 @@ def make_hostable(model_dir: Path, *, handler: Path, requirements_file: Path, wh
         (model_dir / name).unlink(missing_ok=True)
     if record is not None:
         (model_dir / package.PRECISION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-    for name, source in package.code_members(handler, requirements, wheels).items():
-        target = model_dir / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(source, bytes):
-            target.write_bytes(source)
-        else:
-            shutil.copyfile(source, target)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training import package
-
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Run training.train_sentiment on every GPU of every instance of a SageMaker training job "
@@ -244,14 +208,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="synced with S3 by SageMaker; resumes from its newest checkpoint-*")
     parser.add_argument("--output-dir", type=Path, default=Path(os.environ.get("SM_OUTPUT_DIR", "/opt/ml/output")),
                         help="its 'failure' file becomes the job's FailureReason")
-    parser.add_argument("--handler", type=Path, default=package.DEFAULT_HANDLER)
-    parser.add_argument("--requirements", type=Path, default=package.HANDLER_REQUIREMENTS)
-    wheels = parser.add_mutually_exclusive_group()
-    wheels.add_argument("--wheelhouse", type=Path, help="folder of linux-aarch64 wheels to vendor")
-    wheels.add_argument("--download-wheels", action="store_true", help="pip download the handler's wheels")
-    parser.add_argument("--python-version", default=os.environ.get("SERVING_PYTHON", package.DEFAULT_PYTHON),
-                        help="the serving image's Python (default: $SERVING_PYTHON, set by the pipeline from "
-                             "the sentiment image)")
     parser.add_argument("--skip-gate", action="store_true",
                         help="write no precision.json (the endpoint then serves fp32); the accuracy gate runs on "
                              "this instance's CPU after training")
@@ -294,17 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     if not cluster.is_main_node:
         return 0  # only global rank 0 (on node 0) writes the model
     try:
-        with tempfile.TemporaryDirectory() as scratch:
-            wheels: list[Path] = []
-            if args.wheelhouse:
-                wheels = sorted(args.wheelhouse.glob("*.whl"))
-            elif args.download_wheels:
-                wheels = download_wheels(package.read_requirements(args.requirements), Path(scratch),
-                                         args.python_version)
-            make_hostable(args.model_dir, handler=args.handler, requirements_file=args.requirements,
-                          wheels=wheels, python=args.python_version, gate=not args.skip_gate,
-                          gate_rounds=args.gate_rounds)
-    except (package.PackageError, subprocess.CalledProcessError) as error:
+        make_hostable(args.model_dir, gate=not args.skip_gate, gate_rounds=args.gate_rounds)
+    except package.PackageError as error:
         return _fail(args.output_dir, f"the trained model is not hostable: {error}", 3)
     metrics = args.model_dir / METRICS_FILE
     if metrics.is_file():

@@ -2,7 +2,7 @@
 
 Targets: a SageMaker endpoint by name (`--endpoint`, boto3 `sagemaker-runtime`, the usual credential chain and
 region) or any HTTP URL speaking the container contract (`--url http://127.0.0.1:8080/invocations`, e.g.
-`python -m inference.sentiment.serve`). Workloads: `--kind llm` sends LMI's `{"inputs": prompt, "parameters":
+`make serve-local`). Workloads: `--kind llm` sends LMI's `{"inputs": prompt, "parameters":
 {"max_new_tokens": N}}` with prompts of about `--input-tokens` tokens, always setting max_new_tokens (LMI's
 default is 30); `--shape 32x128` and `--shape 256x32` are the recipe's two shapes. `--kind sentiment` sends
 `{"inputs": [text, ...]}` batches of `--batch-size` texts; its output unit is labels returned (= texts served).

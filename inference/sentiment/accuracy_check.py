@@ -24,7 +24,7 @@ torch.compile for inference is not a pair: measured on the Zen 2 above (RoBERTa-
 docs/incoming-issue-35a.md) it did not pay for its compile time and recompiles under the server's varying shapes.
 
 Exit status 0 when the gate ran (1 with --require PRECISION when that precision failed), 2 for a bad model
-directory. `--quantize int8` keeps the older check of the TorchServe handler's `sentiment.quantize` setting.
+directory.
 """
 
 from __future__ import annotations
@@ -257,35 +257,6 @@ def report(record: dict) -> list[str]:
     return lines
 
 
-# --- the TorchServe handler's sentiment.quantize (runtime=dlc), kept as it was -------------------------------------
-
-def probabilities(model_dir: Path, quantize: str, texts: list[str]) -> tuple[tuple[str, ...], list[list[float]]]:
-    """(labels, one probability row per text) from the handler loaded with SENTIMENT_QUANTIZE=quantize."""
-    from inference.sentiment import inference as handler
-
-    previous = os.environ.get("SENTIMENT_QUANTIZE")
-    os.environ["SENTIMENT_QUANTIZE"] = quantize
-    try:
-        loaded = handler.model_fn(str(model_dir))
-    finally:
-        if previous is None:
-            os.environ.pop("SENTIMENT_QUANTIZE")
-        else:
-            os.environ["SENTIMENT_QUANTIZE"] = previous
-    return loaded.labels, class_probabilities(loaded, texts)
-
-
-def _quantize_check(args, texts: list[str]) -> int:
-    labels, reference = probabilities(args.model_dir, "none", texts)
-    _, candidate = probabilities(args.model_dir, args.quantize, texts)
-    agreement, worst = compare(reference, candidate)
-    passed = agreement >= args.min_agreement and worst <= args.tolerance
-    print(f"{args.quantize} vs unoptimized on {len(texts)} sample texts ({', '.join(labels)}): labels agree on "
-          f"{agreement:.1%} (need >= {args.min_agreement:.0%}); largest probability change {worst:.4f} "
-          f"(allowed {args.tolerance}): {'PASS' if passed else 'FAIL'}")
-    return 0 if passed else 1
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -306,8 +277,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--require", choices=precisions.PRECISIONS,
                         help="exit 1 unless this precision passes the gate")
     parser.add_argument("--json", action="store_true", help="print the record (precision.json) instead of lines")
-    parser.add_argument("--quantize", choices=("int8",),
-                        help="instead: the TorchServe handler's SENTIMENT_QUANTIZE=int8 against unoptimized")
     return parser
 
 
@@ -348,10 +317,6 @@ def _gate_command(argv: list[str] | None) -> int:
     if args.model_dir is not None and not (args.model_dir / "config.json").is_file():
         print(f"{PROG}: error: --model-dir {args.model_dir}: no config.json, not a saved model", file=sys.stderr)
         return 2
-    if args.quantize:
-        if args.model_dir is None:
-            parser.error("--quantize needs --model-dir")
-        return _quantize_check(args, sample_texts())
     with tempfile.TemporaryDirectory(prefix="gate-model-") as scratch:
         model_dir = args.model_dir
         if model_dir is None:

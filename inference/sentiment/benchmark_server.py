@@ -3,7 +3,8 @@
 Rows, each a real server started for its turn:
 - `toolkit-default`: what a user of the Hugging Face inference toolkit gets, a transformers `pipeline` called
   once per request (`serving/hf_default_handler.py`), under TorchServe and the SageMaker toolkit of the retired
-  image (`inference.sentiment.local_stack`, needs `make serving-stack`);
+  image (`inference.sentiment.local_stack`; `make bench-handler` installs them with `make serving-stack`, and
+  `--no-toolkit` leaves the row out);
 - `server-fp32`: our server (`python -m inference.sentiment.server serve` from .venv-image: the image's entry
   point and pinned requirements) on the model.tar.gz `training.package` builds, forced to fp32;
 - `server-bf16`: the same in bf16, when the gate passed bf16 but picked another pair (an ONNX Runtime one) and this
@@ -65,6 +66,9 @@ from inference.sentiment.precision import PRECISIONS
 
 PROG = "python -m inference.sentiment.benchmark_server"
 BASELINE_HANDLER = Path(__file__).resolve().parent / "serving" / "hf_default_handler.py"
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "training" / "data" / "sample"
+# RoBERTa-base's shape, for `--preset base`.
+BASE_SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 TOOLKIT = "toolkit-default"
 # (name, concurrent clients, texts per request)
 SCENARIOS = (("c1", 1, 1), ("c8", 8, 1), ("c32", 32, 1), ("b8", 1, 8), ("b32", 1, 32))
@@ -129,6 +133,37 @@ def stop_server(server) -> None:
 
 
 # --- model, work, precision ----------------------------------------------------------------------------------------
+
+def sample_texts() -> list[str]:
+    """Every text of the shipped sample, in file order."""
+    texts = []
+    for path in sorted(SAMPLE_DIR.glob("*.jsonl")):
+        texts += [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+    return texts
+
+
+def make_batches(texts: list[str], batch_size: int, count: int, seed: int) -> list[list[str]]:
+    """`count` batches of tweet-like texts of one to four sample sentences, so lengths and padding vary."""
+    rng = random.Random(seed * 1000 + batch_size)
+    return [[" ".join(rng.sample(texts, rng.choice((1, 1, 2, 3, 4)))) for _ in range(batch_size)]
+            for _ in range(count)]
+
+
+def build_model_dir(directory: Path, preset: str) -> Path:
+    """A random-weight classifier with the tiny tokenizer trained on the sample, saved like a trained model."""
+    from training import tiny
+
+    tokenizer = tiny.build_tokenizer(sample_texts())
+    model = tiny.build_model(tokenizer)
+    if preset == "base":
+        from transformers import RobertaForSequenceClassification
+
+        model.config.update(BASE_SHAPE)
+        model = RobertaForSequenceClassification(model.config)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
 
 def text_flops(tokens: int, config) -> float:
     """Matrix FLOPs of one text's forward pass over `tokens` tokens: projections, feed-forward, attention, head."""
@@ -297,8 +332,6 @@ def rss_mib(pid: int) -> float:
 
 def plan_requests(args, texts: list[str]) -> dict[str, tuple[int, list[list[str]]]]:
     """Per scenario: (clients, every request of every round: warm-up then timed, round after round)."""
-    from inference.sentiment.benchmark_handler import make_batches
-
     plan = {}
     for name, clients, size in SCENARIOS:
         timed = max(args.requests if size == 1 else args.batch_requests, clients)
@@ -311,8 +344,6 @@ def compare_methods(args, model_dir: Path, archives: dict[str, Path], precision:
                     before_round=lambda: None, also: tuple[str, ...] = ()) -> dict:
     """Every method, round after round, every scenario: the pooled timings per method and scenario."""
     from transformers import AutoConfig, AutoTokenizer
-
-    from inference.sentiment.benchmark_handler import sample_texts
 
     config = AutoConfig.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -370,7 +401,6 @@ def print_table(results: dict[str, dict[str, Timing]], roof: float) -> None:
 
 def rss_check(args, archive: Path, precision: str, log: Path) -> None:
     """Worker RSS over `--rss-requests` single-text requests from RSS_CLIENTS clients, printed every tenth."""
-    from inference.sentiment.benchmark_handler import sample_texts
     from inference.sentiment.server.local import LocalServer
 
     texts = sample_texts()
@@ -576,7 +606,6 @@ def _main(args) -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     from inference.sentiment.accuracy_check import build_random_model
-    from inference.sentiment.benchmark_handler import build_model_dir
     from inference.sentiment.local_stack import StackError
     from inference.sentiment.server.local import ServerError
     from training.package import PackageError

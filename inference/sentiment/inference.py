@@ -1,8 +1,10 @@
-"""SageMaker PyTorch serving hooks for the tweet-sentiment classifier, shipped as `code/inference.py`.
+"""The tweet-sentiment handler, in SageMaker's PyTorch handler contract; our server's request and response library.
 
-The container's toolkit calls `model_fn` once per worker, then `input_fn` -> `predict_fn` -> `output_fn`
-per request. This file is copied alone into the model archive, so it imports nothing from this repository:
-only the standard library, torch and transformers (and the toolkit's error type when it is there).
+The hooks: `model_fn` once per worker, then `input_fn` -> `predict_fn` -> `output_fn` per request. Our server
+(`inference/sentiment/server`) decodes, predicts and encodes through them; the retired TorchServe image
+(`sentiment.runtime=dlc`, issue 43) imported this file as the archive's `code/inference.py`. It still imports
+nothing from this repository: only the standard library, torch and transformers (and the toolkit's error type
+when it is there).
 
 Request (Content-Type `application/json`; a `charset=utf-8` parameter is fine, a missing type means JSON):
     {"inputs": "one text"}  or  {"inputs": ["text", ...]}  [, "parameters": {"top_k": N}]
@@ -11,10 +13,10 @@ Response (`application/json`): a list with one entry per input, in input order, 
 best label, or, when `top_k` is given, a list of the N best such objects, best first. Labels are
 lowercase (`negative`, `neutral`, `positive`).
 
-Client mistakes raise `ClientError`, a subclass of the toolkit's `GenericInferenceToolkitError`, so the
-toolkit answers with its 4xx status; its message (the first line of the response body) is one line of JSON,
-`{"error": "...", "status": N}`. 400 malformed body or shape, 406 unacceptable Accept, 413 too many texts
-or a text too long, 415 content type, 422 `top_k` out of range. The worker and the model are untouched.
+Client mistakes raise `ClientError`, a subclass of the toolkit's `GenericInferenceToolkitError`, so our server
+(and SageMaker's toolkit) answers with its 4xx status; its message (the first line of the response body) is one
+line of JSON, `{"error": "...", "status": N}`. 400 malformed body or shape, 406 unacceptable Accept, 413 too many
+texts or a text too long, 415 content type, 422 `top_k` out of range. The worker and the model are untouched.
 
 Limits come from the environment: `MAX_BATCH` (64 texts), `MAX_TEXT_CHARS` (5000 characters per text),
 `MAX_TOP_K` (default and ceiling: the number of labels). Threads: `OMP_NUM_THREADS` if set, else the CPUs
@@ -24,9 +26,8 @@ Speed: the texts of a request are sorted by token length and split into buckets,
 longest text, so short texts don't pay for a long neighbour (same numbers as one padded batch). Where to split
 is planned (`plan_buckets`): fewest padded tokens, counting each forward pass as `PASS_COST_TOKENS` more,
 because a pass has a fixed cost (RoBERTa-base, bf16, 2 vCPUs: a batch of 8 mixed-length texts took 187 ms
-planned, 264 ms as one bucket, 281 ms one text per pass). `SENTIMENT_QUANTIZE=int8` (stack setting
-`sentiment.quantize`) applies dynamic int8 quantization to the Linear layers at load: faster on CPU, slightly
-different scores; check a model with `python -m inference.sentiment.accuracy_check` before turning it on.
+planned, 264 ms as one bucket, 281 ms one text per pass). Precision (fp32, bf16, int8, ONNX Runtime) is our
+server's choice, behind the accuracy gate (`inference.sentiment.precision`).
 
 The hooks take exactly the toolkit's arguments: it passes a trailing `context` to any hook that declares one
 more parameter, so optional extras would silently receive it.
@@ -70,7 +71,6 @@ _GENERIC_LABEL = re.compile(r"^label_\d+$")
 PASS_COST_TOKENS = 32
 # The most texts one bucket holds, which also bounds the plan's work (requests may carry up to MAX_BATCH texts).
 MAX_BUCKET_TEXTS = 64
-QUANTIZE_CHOICES = ("none", "int8")
 _WARMUP_TEXT = "Warm-up text so the first real request does not pay for kernel selection."
 
 
@@ -120,7 +120,6 @@ class SentimentModel:
     labels: tuple[str, ...]
     max_length: int
     threads: int
-    quantize: str = "none"
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -174,37 +173,23 @@ def max_input_length(tokenizer, config) -> int:
     return min(limits) if limits else 512
 
 
-def quantize_mode() -> str:
-    """SENTIMENT_QUANTIZE: none (default) or int8."""
-    mode = os.environ.get("SENTIMENT_QUANTIZE", "").strip().lower() or "none"
-    if mode not in QUANTIZE_CHOICES:
-        raise ValueError(f"environment variable SENTIMENT_QUANTIZE={mode!r} must be one of "
-                         + ", ".join(QUANTIZE_CHOICES))
-    return mode
-
-
 def model_fn(model_dir):
     """Load the tokenizer and classifier saved at the archive root, set threads, and warm up once."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     Limits.from_env()  # a bad limit should stop the worker at start-up, not fail every request
-    quantize = quantize_mode()
     threads = thread_count()
     torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
-    if quantize == "int8":
-        # Weights int8, activations quantized per batch at run time; fbgemm on x86, qnnpack/onednn on arm64.
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     loaded = SentimentModel(
         model=model,
         tokenizer=tokenizer,
         labels=label_names(model.config.id2label),
         max_length=max_input_length(tokenizer, model.config),
         threads=threads,
-        quantize=quantize,
     )
     predict_fn(Request([_WARMUP_TEXT, "ok"]), loaded)
     return loaded

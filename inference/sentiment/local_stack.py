@@ -1,38 +1,33 @@
-"""Run a model archive under the serving stack of the endpoint's image: TorchServe and the SageMaker toolkit.
+"""The toolkit baseline of `make bench-handler`: a model archive under TorchServe and the SageMaker PyTorch toolkit.
 
-What the Graviton image does at start, on this machine: the archive is extracted as SageMaker extracts it into
-`/opt/ml/model` (here a temporary `<base>/model`, via the toolkit's `SAGEMAKER_BASE_DIR`), the container
-environment is the one `stacks.sentiment` sets (`inference.sentiment.container.container_environment`), and the
-toolkit's own entry point (`sagemaker_pytorch_serving_container.serving.main`) writes TorchServe's config,
-installs `code/requirements.txt` and starts TorchServe, whose workers import `code/inference.py` through our
-`code/sentiment_service.py`. Versions: `inference/sentiment/serving/requirements.txt`, installed by `make serving-stack`
-into `.venv-serving/` (Java 17 from Debian when missing).
+What a user of AWS's PyTorch inference image got, run on this machine: the stack of the retired Graviton image
+(`pytorch-inference-arm64:2.6`, `sentiment.runtime=dlc` until issue 43) with the toolkit's own handler service,
+importing the archive's `code/inference.py` (for the baseline: `serving/hf_default_handler.py`, a transformers
+`pipeline` per request). The archive is extracted as SageMaker extracts it into `/opt/ml/model` (here a temporary
+`<base>/model`, via the toolkit's `SAGEMAKER_BASE_DIR`), the environment is the one that image's stack set
+(`toolkit_environment`), and the toolkit's own entry point (`sagemaker_pytorch_serving_container.serving.main`)
+writes TorchServe's config and starts TorchServe. Versions: `inference/sentiment/serving/requirements.txt`,
+installed by `make serving-stack` into `.venv-serving/` (Java 17 from Debian when missing), which
+`make bench-handler` runs first; nothing else installs it.
 
-Differences from the endpoint, all about where things live: TorchServe listens on 127.0.0.1 (inference on
-`--port`, management and metrics on free ports) instead of 0.0.0.0:8080; its config goes to a temporary file
-instead of `/etc/sagemaker-ts.properties`; its logs go to `<base>/logs`.
+Differences from that image, all about where things live: TorchServe listens on 127.0.0.1 (inference on a free
+port, management and metrics on others) instead of 0.0.0.0:8080; its config goes to a temporary file instead of
+`/etc/sagemaker-ts.properties`; its logs go to `<base>/logs`.
 
-Stopping (`common.processes`): SIGTERM or Ctrl-C, to this process or to its process group, once or repeated,
-during start-up, while serving or during the clean-up, stops the toolkit, TorchServe and its workers (the toolkit
-gets SIGTERM and forwards it to TorchServe; whatever is left after that gets SIGTERM, then SIGKILL), removes the
-temporary folder (TorchServe's PID file included) and exits 0 after SIGTERM, 130 after SIGINT. The stack stays in
-our process group, so a signal to the group (or a SIGKILL) reaches all of it; it ignores SIGINT itself, so Ctrl-C
-stops it in that same order instead of interrupting the toolkit wherever it is. A TorchServe left running by an
-earlier crash is named at start with its PID and the command that stops it.
-
-    python -m inference.sentiment.local_stack --model artifacts/model.tar.gz --port 8080
+Stopping (`common.processes`): `stop()` sends SIGTERM to the toolkit, which forwards it to TorchServe; whatever is
+left gets SIGTERM, then SIGKILL, and the temporary folder (TorchServe's PID file included) is removed. The stack
+stays in our process group, so a signal to the group (or a SIGKILL) reaches all of it; it ignores SIGINT itself, so
+Ctrl-C stops it through `stop()` instead of interrupting the toolkit wherever it is. The toolkit allows one
+TorchServe per machine: a second start names the one that runs, with its PID and the command that stops it.
 """
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tarfile
 import tempfile
 import time
@@ -40,9 +35,8 @@ from contextlib import suppress
 from pathlib import Path
 
 from common import processes
-from inference.sentiment.container import container_environment
+from inference.sentiment.container import worker_threads
 
-PROG = "python -m inference.sentiment.local_stack"
 ROOT = Path(__file__).resolve().parents[2]
 SERVING_VENV = ROOT / ".venv-serving"
 SERVING_PYTHON = SERVING_VENV / "bin" / "python"
@@ -69,38 +63,48 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def toolkit_environment(*, vcpus: int, workers: int, region: str) -> dict[str, str]:
+    """What the retired image's stack set for the toolkit (its handler contract, workers and their threads) and the
+    Graviton tuning AWS's image sets; no handler service of ours, so the toolkit's own default one runs."""
+    return {
+        "SAGEMAKER_PROGRAM": "inference.py",
+        # Ignored by sagemaker-pytorch-inference 2.0.25 (it imports from /opt/ml/model/code); kept for older ones.
+        "SAGEMAKER_SUBMIT_DIRECTORY": "/opt/ml/model/code",
+        "SAGEMAKER_CONTAINER_LOG_LEVEL": "20",
+        "SAGEMAKER_REGION": region,
+        "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
+        "OMP_NUM_THREADS": str(worker_threads(vcpus, workers)),
+        "DNNL_DEFAULT_FPMATH_MODE": "BF16",
+        "LRU_CACHE_CAPACITY": "1024",
+        "THP_MEM_ALLOC_ENABLE": "1",
+        "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
+    }
+
+
 def extract(archive: Path, model_dir: Path) -> None:
-    """A model.tar.gz into model_dir, as SageMaker fills /opt/ml/model; a saved model directory gets our code/."""
+    """A model.tar.gz into model_dir, as SageMaker fills /opt/ml/model (a directory laid out alike is copied)."""
     model_dir.mkdir(parents=True)
     if archive.is_dir():
         shutil.copytree(archive, model_dir, dirs_exist_ok=True)
-        if not (model_dir / "code").exists():  # a saved model (make train-local): add the code an archive carries
-            (model_dir / "code").mkdir()
-            for name in ("inference.py", "sentiment_service.py"):
-                shutil.copy(ROOT / "inference" / "sentiment" / name, model_dir / "code" / name)
     elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as tar:
             tar.extractall(model_dir, filter="data")
     else:
-        raise StackError(f"--model {archive}: neither a directory nor a tar archive")
+        raise StackError(f"{archive}: neither a directory nor a tar archive")
     if not (model_dir / "config.json").is_file() or not (model_dir / "code" / "inference.py").is_file():
-        raise StackError(f"--model {archive}: needs config.json and code/inference.py at its root "
-                         "(build it with python -m training.package)")
+        raise StackError(f"{archive}: needs config.json and code/inference.py at its root (build it with "
+                         "python -m training.package --handler ...)")
 
 
 class LocalStack:
     """One TorchServe under the toolkit, on 127.0.0.1; `start()` returns once /ping answers 200."""
 
     def __init__(self, model: str | Path, *, port: int = 0, workers: int = 1, vcpus: int | None = None,
-                 max_batch: int = 64, quantize: str = "none", extra_env: dict[str, str] | None = None,
                  python: Path = SERVING_PYTHON, log: Path | None = None):
         self.model = Path(model)
         self.port = port or free_port()
         self.workers = workers
         self.vcpus = vcpus or len(os.sched_getaffinity(0))
-        self.max_batch = max_batch
-        self.quantize = quantize
-        self.extra_env = dict(extra_env or {})
         self.python = Path(python)
         self.log = log
         self.process: subprocess.Popen | None = None
@@ -112,11 +116,11 @@ class LocalStack:
         return f"http://127.0.0.1:{self.port}"
 
     def environment(self) -> dict[str, str]:
-        """This process's environment, then the container's (as the stack sets it), then the local placements."""
+        """This process's environment, then the container's (as the image's stack set it), then the local placements."""
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # the toolkit builds its own from the model's code/ folder
-        env.update(container_environment(vcpus=self.vcpus, workers=self.workers, max_batch=self.max_batch,
-                                         region=os.environ.get("AWS_REGION", "us-east-1"), quantize=self.quantize))
+        env.update(toolkit_environment(vcpus=self.vcpus, workers=self.workers,
+                                       region=os.environ.get("AWS_REGION", "us-east-1")))
         env.update({
             "SAGEMAKER_BASE_DIR": str(self.base),
             "SAGEMAKER_BIND_TO_PORT": str(self.port),
@@ -130,12 +134,12 @@ class LocalStack:
             "TEMP": str(self.base / "tmp"),
             "PATH": f"{self.python.parent}{os.pathsep}{env.get('PATH', '')}",  # the toolkit runs `torchserve`
         })
-        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 180) -> LocalStack:
         if not self.python.is_file():
-            raise StackError(f"{self.python}: no serving stack installed; run `make serving-stack`")
+            raise StackError(f"{self.python}: no TorchServe stack installed; run `make serving-stack` (make "
+                             "bench-handler does)")
         if shutil.which("java") is None:
             raise StackError("no java on PATH; run `make serving-stack` (installs openjdk-17-jre-headless)")
         running = torchserve_pids()
@@ -214,58 +218,3 @@ def torchserve_pids() -> list[int]:
                 if b"org.pytorch.serve.ModelServer" in (entry / "cmdline").read_bytes().split(b"\0"):
                     pids.append(int(entry.name))
     return pids
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model", required=True, type=Path,
-                        help="a model.tar.gz from training.package, or a saved model directory")
-    parser.add_argument("--port", type=int, default=8080, help="inference port on 127.0.0.1")
-    parser.add_argument("--workers", type=int, default=1, help="model server workers (the stack's sentiment.workers)")
-    parser.add_argument("--vcpus", type=int, default=None,
-                        help="vCPUs to size threads for (default: the CPUs this process may use)")
-    parser.add_argument("--max-batch", type=int, default=64, help="texts per request (the stack's sentiment.max_batch)")
-    parser.add_argument("--quantize", choices=("none", "int8"), default="none",
-                        help="dynamic int8 quantization (the stack's sentiment.quantize)")
-    parser.add_argument("--log", type=Path, default=None, help="append the stack's output here (default: terminal)")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line. Run as a program, the stop handlers are installed before this runs (see the end)."""
-    args = build_parser().parse_args(argv)
-    if args.workers < 1 or (args.vcpus is not None and args.vcpus < 1):
-        print(f"{PROG}: error: --workers and --vcpus must be at least 1", file=sys.stderr)
-        return 2
-    stack = LocalStack(args.model, port=args.port, workers=args.workers, vcpus=args.vcpus,
-                       max_batch=args.max_batch, quantize=args.quantize, log=args.log)
-    status = 1
-    try:
-        print(f"{PROG}: starting TorchServe and the toolkit on port {stack.port} (pid {os.getpid()}); "
-              "Ctrl-C or SIGTERM stops", flush=True)
-        stack.start()
-        print(f"serving {args.model} at {stack.url}/invocations (TorchServe + toolkit, "
-              f"{args.workers} worker(s), OMP_NUM_THREADS={stack.environment()['OMP_NUM_THREADS']}); "
-              "Ctrl-C stops", flush=True)
-        while processes.poll(stack.process) is None:
-            time.sleep(0.2)
-        print(f"{PROG}: error: the stack exited with status {stack.process.returncode}", file=sys.stderr)
-    except processes.Stopped:
-        pass
-    except StackError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-    finally:
-        with processes.shielded():
-            if processes.received() is not None:
-                print(f"{PROG}: stopping ({signal.Signals(processes.received()).name})", flush=True)
-            stack.stop()
-    if processes.received() is not None:
-        print(f"{PROG}: stopped", flush=True)
-        return processes.exit_status(processes.received())
-    return status
-
-
-if __name__ == "__main__":
-    processes.install_stop_handlers()  # first: a signal during start-up is handled too
-    processes.finish(main())

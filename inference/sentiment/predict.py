@@ -98,7 +98,7 @@ def invoke_endpoint(client, endpoint: str, payload: bytes) -> bytes:
 
 
 def invoke_url(url: str, payload: bytes, timeout: float) -> bytes:
-    """Body of a POST to a server with the container contract (`inference.sentiment.serve` or a local container)."""
+    """Body of a POST to a server with the container contract (`make serve-local`, or a local container)."""
     request = urllib.request.Request(
         url, data=payload, method="POST", headers={"Content-Type": JSON, "Accept": JSON}
     )

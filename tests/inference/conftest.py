@@ -1,4 +1,4 @@
-"""Session fixtures: a tiny model packaged by `training.package`, extracted, its handler loaded from `code/`.
+"""Session fixtures: a tiny model packaged by `training.package`, extracted, and the handler file loaded on its own.
 
 Building costs a few seconds (mostly importing torch and transformers), so it happens once per session.
 """
@@ -18,10 +18,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SAMPLE = Path(__file__).resolve().parents[2] / "training" / "data" / "sample" / "train.jsonl"
+HANDLER_FILE = Path(__file__).resolve().parents[2] / "inference" / "sentiment" / "inference.py"
 
 
 def load_code_module(path: Path, name: str) -> ModuleType:
-    """Import a handler file under its own module name, the way the container imports code/inference.py."""
+    """Import a handler file under its own module name, apart from the package it lives in."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses resolve their module while the file executes
@@ -45,7 +46,7 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def archive(model_dir, tmp_path_factory) -> Path:
-    """model.tar.gz built by training.package from the repository's inference/sentiment/inference.py."""
+    """model.tar.gz as training.package builds it for our server (no code/)."""
     from training import package
 
     output = tmp_path_factory.mktemp("archive") / "model.tar.gz"
@@ -63,9 +64,9 @@ def extracted(archive, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def handler(extracted) -> ModuleType:
-    """The handler module as shipped: code/inference.py from the archive, not the repository's copy."""
-    return load_code_module(extracted / "code" / "inference.py", "shipped_inference")
+def handler() -> ModuleType:
+    """The handler file loaded on its own (it imports nothing from this repository), as our server's library."""
+    return load_code_module(HANDLER_FILE, "shipped_inference")
 
 
 @pytest.fixture(scope="session")

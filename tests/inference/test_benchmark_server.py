@@ -1,9 +1,13 @@
 """`make bench-handler` (`inference.sentiment.benchmark_server`) on the tiny preset through the real servers.
 
 Checked: every row of every scenario is printed with every column, the ratios are the rows' requests/s over the
-toolkit row's, the GFLOP/s share is of the roof the run printed, the RSS mode prints its samples, and a stop
-signal stops the servers it started. No timing is asserted. The full runs need TorchServe (`make serving-stack`)
-and .venv-image (`make image-venv`); `make test` sets REQUIRE_SERVING_STACK=1 so that a missing one fails.
+first row's, the GFLOP/s share is of the roof the run printed, the RSS mode prints its samples, and a stop signal
+stops the servers it started. No timing is asserted. The runs need .venv-image (`make image-venv`); `make test` sets
+REQUIRE_SERVING_STACK=1 so that a missing one fails. The toolkit row (TorchServe, the SageMaker toolkit, Java) is
+not started here: `make test` installs none of them since issue 43, and `make bench-handler` installs them on
+demand. Its pieces are checked without TorchServe: the archive it serves (tests/training/test_package.py) and what it
+refuses to serve, the environment it starts with, the table's reference row, and another run's TorchServe (waited
+for, named with its PID).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from common import processes
 from inference.sentiment import benchmark_server, local_stack
 from inference.sentiment import precision as precisions
 from inference.sentiment.server import local
@@ -29,11 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REQUIRE = bool(os.environ.get("REQUIRE_SERVING_STACK"))
 needs_image_venv = pytest.mark.skipif(not local.IMAGE_PYTHON.is_file() and not REQUIRE,
                                       reason="no .venv-image; run `make image-venv`")
-needs_both = pytest.mark.skipif(
-    (not local.IMAGE_PYTHON.is_file() or not local_stack.SERVING_PYTHON.is_file()) and not REQUIRE,
-    reason="no .venv-image or .venv-serving; run `make image-venv serving-stack`")
 SCENARIOS = [name for name, *_ in benchmark_server.SCENARIOS]
-COLUMNS = ["scenario", "method", "req/s", "texts/s", "p50 ms", "p99 ms", "GFLOP/s", "% roof", "vs toolkit-default"]
+COLUMNS = ["scenario", "method", "req/s", "texts/s", "p50 ms", "p99 ms", "GFLOP/s", "% roof", "vs server-fp32"]
 
 
 def table_rows(out: str) -> list[list[str]]:
@@ -41,28 +43,28 @@ def table_rows(out: str) -> list[list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.torchserve  # the toolkit row
-@needs_both
+@needs_image_venv
 def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_rows(capsys):
+    """Without the toolkit row (--no-toolkit, no TorchServe): the first row, server-fp32, is the reference."""
     argv = ["--preset", "tiny", "--requests", "4", "--batch-requests", "1", "--warmup", "0", "--rounds", "1",
-            "--precision", "bf16"]  # the gate keeps fp32 for the tiny model (fastest) but passes bf16 too
+            "--precision", "bf16", "--no-toolkit"]  # the gate keeps fp32 for the tiny model but passes bf16 too
     assert benchmark_server.main(argv) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("scenario"))
     assert re.split(r"\s{2,}", header.strip()) == COLUMNS
     rows = table_rows(out)
-    methods = ["toolkit-default", "server-fp32", "server-bf16"]
+    methods = ["server-fp32", "server-bf16"]
     assert [row[:2] for row in rows] == [[name, method] for name in SCENARIOS for method in methods]
     roof = float(re.search(r"(?:bf16|fp32) GEMM roof \(2048x2048 matmul, .*\): \d+ GFLOP/s; "
                            r"the table uses the highest, (\d+)$", out, re.M).group(1))
     for name in SCENARIOS:
         scenario = [row for row in rows if row[0] == name]
-        toolkit_rate = float(scenario[0][2])
+        reference_rate = float(scenario[0][2])
         assert scenario[0][-1] == "1.00x"
         for row in scenario:
             assert len(row) == len(COLUMNS)
             rate, ratio = float(row[2]), float(row[-1].removesuffix("x"))
-            assert ratio == pytest.approx(rate / toolkit_rate, rel=0.02, abs=0.011)  # printed values are rounded
+            assert ratio == pytest.approx(rate / reference_rate, rel=0.02, abs=0.011)  # printed values are rounded
             gflops, share = float(row[6]), float(row[7].removesuffix("%"))
             # Printed rounding: the share to 0.1, GFLOP/s to 0.1, the roof to 1 (which matters for a small fp32
             # roof on a CPU without bf16).
@@ -74,7 +76,7 @@ def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_ro
     # timing decides, among torch's and ONNX Runtime's pairs
     assert re.search(r"^chosen: (fp32|bf16|int8|onnx-fp32|onnx-int8) \(.+, the fastest that passed\)$", out, re.M)
     assert "precision for the gate's row: bf16 (--precision; gate: passed)" in out
-    assert re.search(r"^goal: server-bf16 at c8 = \d+\.\d\dx toolkit-default's requests/s .*: (NOT )?MET$", out, re.M)
+    assert "toolkit-default" not in out  # no toolkit row, so no goal against it
 
 
 @pytest.mark.slow
@@ -166,6 +168,88 @@ def test_the_gate_record_is_read_from_the_archive_training_package_built(model_d
     package.build(model_dir, plain, gate=False)
     with pytest.raises(RuntimeError, match=re.escape("plain.tar.gz: no precision.json; training.package ran no gate")):
         benchmark_server.gate_record(plain)
+
+
+def test_batches_are_reproducible_and_varied():
+    texts = benchmark_server.sample_texts()
+    first = benchmark_server.make_batches(texts, 8, 3, seed=0)
+    assert first == benchmark_server.make_batches(texts, 8, 3, seed=0)
+    assert len(first) == 3 and all(len(batch) == 8 for batch in first)
+    assert len({len(text) for batch in first for text in batch}) > 5
+
+
+def test_the_toolkit_row_comes_first_and_is_what_the_others_are_compared_with(monkeypatch, capsys):
+    """The rows in their order, each started and stopped once per round (here with nothing to send, so no server
+    is needed), and the table's last column: each row's requests/s over the first row's, the toolkit's."""
+    import types
+
+    started = []
+
+    def start(method, archives, log, workers):
+        started.append(method.name)
+        return types.SimpleNamespace(port=0, stop=lambda: started.append(f"stopped {method.name}"))
+
+    monkeypatch.setattr(benchmark_server.Method, "start", start)
+    monkeypatch.setattr("transformers.AutoConfig.from_pretrained", lambda _: None)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained",
+                        lambda _: types.SimpleNamespace(model_max_length=512))
+    monkeypatch.setattr(benchmark_server, "plan_requests", lambda *_: {})
+    args = benchmark_server.build_parser().parse_args(["--rounds", "1"])
+    results = benchmark_server.compare_methods(args, Path("model"), {}, "onnx-int8", Path("log"), also=("bf16",))
+    methods = ["toolkit-default", "server-fp32", "server-bf16", "server-onnx-int8"]
+    assert list(results) == methods
+    assert started == [entry for name in methods for entry in (name, f"stopped {name}")]
+    no_toolkit = benchmark_server.build_parser().parse_args(["--rounds", "1", "--no-toolkit"])
+    assert list(benchmark_server.compare_methods(no_toolkit, Path("model"), {}, "fp32", Path("log"))) == [
+        "server-fp32"]
+    capsys.readouterr()
+    rows = {"toolkit-default": {name: benchmark_server.Timing([0.1], 1.0, 1, 1e9) for name in SCENARIOS},
+            "server-fp32": {name: benchmark_server.Timing([0.1] * 3, 1.0, 3, 1e9) for name in SCENARIOS}}
+    benchmark_server.print_table(rows, roof=100.0)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].rstrip().endswith("vs toolkit-default")
+    assert [line.split()[1:2] + line.split()[-1:] for line in lines[2:4]] == [["toolkit-default", "1.00x"],
+                                                                            ["server-fp32", "3.00x"]]
+
+
+def test_the_toolkit_row_starts_with_the_toolkits_own_handler_service_and_the_images_threads(tmp_path):
+    """What `local_stack` hands the toolkit, read without starting it: the contract of the retired image's stack,
+    none of the retired runtime's own settings (our handler service, int8, MAX_BATCH)."""
+    stack = local_stack.LocalStack(tmp_path / "pipeline.tar.gz", workers=2, vcpus=16)
+    stack.base = tmp_path
+    env = stack.environment()
+    assert (env["SAGEMAKER_PROGRAM"], env["SAGEMAKER_MODEL_SERVER_WORKERS"], env["OMP_NUM_THREADS"]) == (
+        "inference.py", "2", "7")  # 16 vCPUs: 2 kept for the front end, 14 over 2 workers
+    assert env["TS_INFERENCE_ADDRESS"] == f"http://127.0.0.1:{stack.port}"
+    assert not {"TS_DEFAULT_SERVICE_HANDLER", "SENTIMENT_QUANTIZE", "MAX_BATCH"} & set(env)
+
+
+def test_what_is_not_a_toolkit_archive_is_refused(model_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(local_stack.StackError, match="neither a directory nor a tar archive"):
+        local_stack.extract(tmp_path / "notes.txt", tmp_path / "a")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(local_stack.StackError, match=r"needs config\.json"):
+        local_stack.extract(tmp_path / "empty", tmp_path / "b")
+    # Our archive (no code/) is not one the toolkit can serve: the baseline's carries its handler.
+    with pytest.raises(local_stack.StackError, match=r"code/inference\.py"):
+        local_stack.extract(model_dir, tmp_path / "c")
+
+
+def test_another_torchserve_is_named_with_its_pid_and_the_command_that_stops_it():
+    """The toolkit allows one TorchServe per machine; one found by its command line (a decoy here) is named so a
+    user can stop it."""
+    decoy = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)",
+                              "org.pytorch.serve.ModelServer"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert decoy.stdout.readline() == "up\n"
+        assert decoy.pid in local_stack.torchserve_pids()
+        message = processes.describe(decoy.pid)
+        assert message.startswith(f"pid {decoy.pid} (") and message.endswith(f"kill -TERM {decoy.pid}")
+        assert "org.pytorch.serve.ModelServer" in message
+    finally:
+        decoy.kill()
+        decoy.wait()
 
 
 def test_requests_are_planned_per_round_with_warmup_and_at_least_one_per_client():

@@ -1,9 +1,9 @@
-"""The shipped handler (code/inference.py from a packaged archive): round trip, contract details, client errors."""
+"""The handler (inference/sentiment/inference.py, our server's request and response library): round trip, contract
+details, client errors, on a model packaged by training.package."""
 
 from __future__ import annotations
 
 import json
-import tarfile
 
 import pytest
 
@@ -15,14 +15,6 @@ def _assert_result(result):
     assert set(result) == {"label", "score"}
     assert result["label"] in LABELS
     assert 0.0 <= result["score"] <= 1.0
-
-
-def test_archive_has_model_at_root_and_this_handler_in_code(archive, extracted):
-    with tarfile.open(archive) as tar:
-        names = set(tar.getnames())
-    assert {"config.json", "tokenizer_config.json", "code/inference.py", "code/requirements.txt"} <= names
-    shipped = (extracted / "code" / "inference.py").read_text()
-    assert "def model_fn(model_dir)" in shipped and "class ClientError" in shipped
 
 
 def test_model_fn_reads_labels_and_limits_from_the_archive(loaded):
@@ -201,13 +193,6 @@ def test_client_error_matches_the_toolkit_constructor(handler):
     assert isinstance(error, toolkit.BaseInferenceToolkitError)
 
 
-def test_repository_handler_is_the_shipped_one(extracted):
-    from pathlib import Path
-
-    repository = Path(__file__).resolve().parents[2] / "inference" / "sentiment" / "inference.py"
-    assert (extracted / "code" / "inference.py").read_bytes() == repository.read_bytes()
-
-
 def test_length_buckets_give_one_padded_batch_s_answers_in_input_order(handler, loaded):
     import torch
 
@@ -254,14 +239,3 @@ def test_bucket_plan_is_the_cheapest_split_of_the_sorted_lengths():
     assert plan_buckets([]) == []
     many = plan_buckets([20] * 150)  # at most MAX_BUCKET_TEXTS per pass: three passes, covering all
     assert len(many) == 3 and all(end - start <= 64 for start, end in many) and many[-1][1] == 150
-
-
-def test_int8_quantization_is_opt_in_and_checked(handler, extracted, monkeypatch):
-    monkeypatch.setenv("SENTIMENT_QUANTIZE", "int8")
-    quantized = handler.model_fn(str(extracted))
-    assert quantized.quantize == "int8"
-    assert "quantized.dynamic" in type(quantized.model.classifier.dense).__module__
-    assert len(handler.predict_fn(handler.Request(["fine", "bad"]), quantized)) == 2
-    monkeypatch.setenv("SENTIMENT_QUANTIZE", "fp16")
-    with pytest.raises(ValueError, match="SENTIMENT_QUANTIZE='fp16' must be one of none, int8"):
-        handler.model_fn(str(extracted))

@@ -1,4 +1,5 @@
-"""The prediction client: boto3 path with a botocore Stubber, --url path against the local server."""
+"""The prediction client: boto3 path with a botocore Stubber, --url path against a local HTTP server answering
+through the handler our server runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from inference.sentiment import predict, serve
+from inference.sentiment import predict
 
 
 def _body(data: bytes) -> StreamingBody:
@@ -78,10 +79,36 @@ def test_usage_errors_exit_2(monkeypatch):
 
 @pytest.fixture(scope="module")
 def server_url(model_dir):
-    running = serve.make_server(model_dir, "127.0.0.1", 0)
+    """POST /invocations answered in process by `inference.sentiment.inference` (our server's request and response
+    library) on the tiny model: its JSON, or a ClientError's status and one-line body."""
+    import http.server
+
+    from inference.sentiment import inference as handler
+
+    model = handler.model_fn(str(model_dir))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            try:
+                request = handler.input_fn(body, self.headers.get("Content-Type"))
+                status, answer = 200, handler.output_fn(handler.predict_fn(request, model), handler.JSON)[0]
+            except handler.ClientError as error:
+                status, answer = error.status_code, error.message
+            data = (answer + "\n").encode()
+            self.send_response(status)
+            self.send_header("Content-Type", handler.JSON)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    running = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=running.serve_forever, daemon=True)
     thread.start()
-    yield running.url
+    yield f"http://127.0.0.1:{running.server_address[1]}"
     running.shutdown()
     running.server_close()
 

@@ -1,8 +1,8 @@
 """Our server as the image runs it: `python -m inference.sentiment.server serve` from .venv-image (the image's
 pinned requirements), on today's model.tar.gz, over HTTP.
 
-Good requests, every class of bad request the TorchServe path answers today (the same table as
-test_local_stack.py, same statuses and one-line JSON bodies), batching correctness (concurrent clients each get
+Good requests, every class of bad request the retired TorchServe path answered (the table its own test had, same
+statuses and one-line JSON bodies), batching correctness (concurrent clients each get
 their own answer, the one they get alone), overload (429 at once, never a 5xx, also from 200 clients at once),
 and stopping (SIGTERM under load drains the accepted requests and exits 0 within 25 s, SIGINT exits 130, a signal
 during start-up, nothing left, the port free). Needs `make
@@ -113,7 +113,7 @@ def test_ping_says_healthy(server):
     assert get(server.port, "/ping") == (200, b'{"status": "healthy"}\n')
 
 
-# The TorchServe path's table (test_local_stack.py), plus what only an HTTP server of our own can get wrong.
+# The retired TorchServe path's table, plus what only an HTTP server of our own can get wrong.
 @pytest.mark.parametrize(("body", "content_type", "accept", "status"), [
     (BAD_UTF8, JSON, None, 400),
     (BAD_UTF8, "text/csv", None, 400),

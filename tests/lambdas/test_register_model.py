@@ -24,7 +24,8 @@ def world(aws, topic, monkeypatch):
     sagemaker = boto3.client("sagemaker", region_name=REGION)
     sagemaker.create_model_package_group(ModelPackageGroupName=GROUP)
     monkeypatch.setenv("MODEL_PACKAGE_GROUP", GROUP)
-    monkeypatch.setenv("INFERENCE_IMAGE", "763104351884.dkr.ecr.us-west-2.amazonaws.com/pytorch-inference-arm64:x")
+    monkeypatch.setenv("INFERENCE_IMAGE", "123456789012.dkr.ecr.us-west-2.amazonaws.com/"
+                                          "cdk-hnb659fds-container-assets-123456789012-us-west-2:x")
     monkeypatch.setenv("INFERENCE_INSTANCE_TYPE", "ml.c7g.4xlarge")
     return s3, sagemaker, topic
 

@@ -1,4 +1,4 @@
-"""Loopback servers for the load-test tests: the real sentiment server, a tiny causal LM, a scriptable fake.
+"""Loopback servers for the load-test tests: the sentiment handler, a tiny causal LM, a scriptable fake.
 
 All of them listen on 127.0.0.1 on a free port and run in threads of the test process. Models are random-weight
 and tiny, built once per session from the repository's sample text, so nothing touches the network.
@@ -118,8 +118,10 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def sentiment_server(sample_texts, tmp_path_factory, one_torch_thread):
-    """`inference.sentiment.serve.make_server` on a random-weight tiny RoBERTa classifier, on an ephemeral port."""
-    from inference.sentiment import serve
+    """The sentiment contract on a loopback server: a random-weight tiny RoBERTa classifier answered in process by
+    the handler our server runs (`inference.sentiment.inference`: its decoding, limits, statuses and JSON), on an
+    ephemeral port. What the load test is checked against; our server itself is tested in tests/inference."""
+    from inference.sentiment import inference as handler
     from training import tiny
 
     tokenizer = tiny.build_tokenizer(sample_texts)
@@ -128,7 +130,19 @@ def sentiment_server(sample_texts, tmp_path_factory, one_torch_thread):
     tokenizer.save_pretrained(model_dir)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OMP_NUM_THREADS", "1")  # model_fn sets torch's threads from it when it loads
-        server = serve.make_server(model_dir, "127.0.0.1", 0)
+        model = handler.model_fn(str(model_dir))
+    lock = threading.Lock()  # one forward pass at a time, as one model replica runs them
+
+    def respond(_number: int, payload) -> tuple[int, object, float]:
+        try:
+            request = handler.input_fn(json.dumps(payload).encode(), handler.JSON)
+            with lock:
+                prediction = handler.predict_fn(request, model)
+            return 200, json.loads(handler.output_fn(prediction, handler.JSON)[0]), 0
+        except handler.ClientError as error:
+            return error.status_code, json.loads(error.message), 0
+
+    server = LoopbackServer(respond)
     thread = start(server)
     yield server
     stop(server, thread)

@@ -146,7 +146,7 @@ def test_default_request_count_is_ten_per_client(fake_server, tmp_path):
 
 
 def test_sentiment_server_with_the_tiny_model(sentiment_server, tmp_path, capsys):
-    url = sentiment_server.url + "/invocations"
+    url = sentiment_server.url
     status, report = run(["--url", url, "--kind", "sentiment", "--batch-size", "4", "--concurrency", "1,2",
                           "--requests", "5"], tmp_path)
     assert status == 0
@@ -160,7 +160,7 @@ def test_sentiment_server_with_the_tiny_model(sentiment_server, tmp_path, capsys
 
 def test_sentiment_server_client_errors_are_4xx(sentiment_server, tmp_path):
     # 65 texts is over the handler's MAX_BATCH of 64: a 413 for every request.
-    status, report = run(["--url", sentiment_server.url + "/invocations", "--kind", "sentiment",
+    status, report = run(["--url", sentiment_server.url, "--kind", "sentiment",
                           "--batch-size", "65", "--requests", "2", "--warmup", "0"], tmp_path)
     assert status == 1 and report["steps"][0]["errors"]["4xx"] == 2
 

@@ -1,53 +1,15 @@
-"""training.package: archive layout, refusals, and an offline install from a carried wheelhouse."""
+"""training.package: archive layout (ours without code/, the toolkit baseline's with its handler), refusals."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import subprocess
-import sys
 import tarfile
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from training import package
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def make_wheel(directory: Path, name: str, version: str = "1.0", requires: tuple[str, ...] = ()) -> Path:
-    """A minimal pure-Python wheel, built here so the test needs no index and no build backend."""
-    module = name.replace("-", "_")
-    dist_info = f"{module}-{version}.dist-info"
-    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
-    metadata += [f"Requires-Dist: {requirement}" for requirement in requires]
-    files = {
-        f"{module}/__init__.py": f"VERSION = {version!r}\n",
-        f"{dist_info}/METADATA": "\n".join(metadata) + "\n",
-        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    files[f"{dist_info}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{dist_info}/RECORD,,\n"
-    path = directory / f"{module}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as wheel:
-        for member, text in files.items():
-            wheel.writestr(member, text)
-    return path
-
-
-@pytest.fixture
-def wheelhouse(tmp_path) -> tuple[Path, Path]:
-    """Two wheels, one needing the other, and a requirements file naming only the first."""
-    house = tmp_path / "wheelhouse"
-    house.mkdir()
-    make_wheel(house, "sentiment-demo", requires=("sentiment-demo-dep==1.0",))
-    make_wheel(house, "sentiment-demo-dep")
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text("# the handler's needs\nsentiment-demo==1.0\n")
-    return house, requirements
 
 
 def members(archive: Path) -> dict[str, tarfile.TarInfo]:
@@ -63,16 +25,24 @@ def test_layout_matches_the_serving_container(trained, tmp_path, capsys):
     infos = members(output)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in infos, name
-    assert {"code/inference.py", "code/requirements.txt"} <= set(infos)
+    # No code/: our serving image carries the handler and every package (the retired TorchServe image needed them).
+    assert not any(name.startswith("code") for name in infos), sorted(infos)
     assert not any(name.startswith("checkpoints") for name in infos), "checkpoints must stay out"
     assert "training_args.bin" not in infos
     assert all(info.mode == 0o644 and info.uid == 0 for info in infos.values() if info.isfile())
+
+
+def test_the_toolkit_baseline_archive_carries_its_handler_as_code_inference_py(trained, tmp_path):
+    """make bench-handler's toolkit row: SageMaker's PyTorch toolkit imports code/inference.py, nothing else."""
+    from inference.sentiment.benchmark_server import BASELINE_HANDLER
+
+    output = tmp_path / "pipeline.tar.gz"
+    names = package.build(trained.output_dir, output, handler=BASELINE_HANDLER, gate=False)
+    assert [name for name in names if name.startswith("code")] == ["code/inference.py"]
     with tarfile.open(output, "r:gz") as tar:
-        handler = tar.extractfile("code/inference.py").read()
-        requirements = tar.extractfile("code/requirements.txt").read().decode()
-    assert handler == (REPO / "inference" / "sentiment" / "inference.py").read_bytes()
-    assert "transformers==" in requirements
-    assert "--no-index" not in requirements  # no wheelhouse: the endpoint installs from an index
+        assert tar.extractfile("code/inference.py").read() == BASELINE_HANDLER.read_bytes()
+    with pytest.raises(package.PackageError, match=r"--handler .*missing\.py: no such file"):
+        package.build(trained.output_dir, tmp_path / "none.tar.gz", handler=tmp_path / "missing.py", gate=False)
 
 
 def test_archive_model_loads_after_extraction(trained, tmp_path):
@@ -87,37 +57,6 @@ def test_archive_model_loads_after_extraction(trained, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(extracted)
     logits = model(**tokenizer(["what a day"], return_tensors="pt")).logits
     assert logits.shape == (1, 3)
-
-
-def test_wheelhouse_requirements_install_offline(trained, wheelhouse, tmp_path):
-    house, requirements = wheelhouse
-    output = tmp_path / "model.tar.gz"
-    package.build(trained.output_dir, output, requirements_file=requirements, wheelhouse=house, gate=False)
-    infos = members(output)
-    assert "code/wheels/sentiment_demo-1.0-py3-none-any.whl" in infos
-    assert "code/wheels/sentiment_demo_dep-1.0-py3-none-any.whl" in infos
-
-    model_dir = tmp_path / "opt" / "ml" / "model"
-    with tarfile.open(output, "r:gz") as tar:
-        tar.extractall(model_dir, filter="data")
-    text = (model_dir / "code" / "requirements.txt").read_text()
-    assert text.splitlines()[:2] == ["--no-index", "--find-links wheels"]
-    # As the container does it: pip on the file by absolute path, from some other working directory.
-    # An unreachable index makes any attempt to go online fail the install.
-    target = tmp_path / "site-packages"
-    env = {**os.environ, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    command = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--target", str(target)]
-    done = subprocess.run(
-        [*command, "-r", str(model_dir / "code" / "requirements.txt")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (target / "sentiment_demo" / "__init__.py").is_file()
-    assert (target / "sentiment_demo_dep" / "__init__.py").is_file(), "the dependency came from the wheelhouse too"
 
 
 def test_packaging_records_the_gates_choice_and_figures(trained, tmp_path):
@@ -142,7 +81,7 @@ def test_packaging_records_the_gates_choice_and_figures(trained, tmp_path):
     assert gate["min_agreement"] == 0.99 and gate["max_probability_change"] == 0.05 and gate["texts"] >= 100
     assert gate["measured_on"]["torch"].startswith("2.13") and gate["rounds"] == 1
     assert any(line.startswith("gate: timing round 1/1") for line in lines)
-    # The record sits at the archive root, next to code/, where the server reads it from /opt/ml/model.
+    # The record sits at the archive root, where the server reads it from /opt/ml/model.
     extracted = tmp_path / "opt-ml-model"
     with tarfile.open(output, "r:gz") as tar:
         tar.extractall(extracted, filter="data")
@@ -160,15 +99,6 @@ def test_skip_gate_writes_no_record_and_the_archive_serves_fp32(trained, tmp_pat
     with tarfile.open(output, "r:gz") as tar:
         tar.extractall(extracted, filter="data")
     assert precision.choose(extracted, None) == "fp32"
-
-
-def test_wheelhouse_missing_a_dependency_is_refused(trained, wheelhouse, tmp_path):
-    house, requirements = wheelhouse
-    (house / "sentiment_demo_dep-1.0-py3-none-any.whl").unlink()
-    output = tmp_path / "model.tar.gz"
-    with pytest.raises(package.PackageError, match=re.escape("do not cover sentiment-demo==1.0")):
-        package.build(trained.output_dir, output, requirements_file=requirements, wheelhouse=house)
-    assert not output.exists()
 
 
 def copy_model(trained, tmp_path) -> Path:
@@ -242,14 +172,3 @@ def test_refuses_an_output_that_is_not_tar_gz(trained, tmp_path, capsys):
     assert package.main(["--model-dir", str(model), "--output", str(output)]) == 2
     assert "must end in .tar.gz" in capsys.readouterr().err
     assert not output.exists()
-
-
-def test_refuses_an_empty_wheelhouse(trained, tmp_path, capsys):
-    (tmp_path / "empty").mkdir()
-    refuse(
-        copy_model(trained, tmp_path),
-        tmp_path,
-        capsys,
-        "no .whl files",
-        extra=("--wheelhouse", str(tmp_path / "empty")),
-    )

@@ -115,10 +115,9 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
 
     model_dir = two_nodes[0][0] / "model"
     names = {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()}
-    assert {"config.json", "model.safetensors", "tokenizer_config.json", "code/inference.py",
-            "code/requirements.txt", f"code/{package.SERVICE.name}"} <= names
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= names
     assert not any(name.startswith("checkpoint") for name in names)
-    assert (model_dir / "code" / "inference.py").read_text() == package.DEFAULT_HANDLER.read_text()
+    assert not any(name.startswith("code/") for name in names)  # our image carries the handler (issue 43)
     # The same precision record as training.package writes (issue 32): accuracy apart from speed, and the CPU.
     from inference.sentiment import precision
 
@@ -134,7 +133,7 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
     with tarfile.open(archive, "w:gz") as tar:
         for path in sorted(model_dir.rglob("*")):
             tar.add(path, arcname=path.relative_to(model_dir).as_posix(), recursive=False)
-    assert "code/inference.py" in package.verify_archive(archive)
+    assert "config.json" in package.verify_archive(archive)
 
 
 def test_resume_after_interruption_continues_from_the_restored_checkpoint(two_nodes, tmp_path):
@@ -220,50 +219,3 @@ def test_setup_error_lands_in_the_failure_file(tmp_path, monkeypatch):
     monkeypatch.setenv("SM_NUM_GPUS", "0")
     assert sagemaker_entry.main(["--output-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]) == 2
     assert "algo-7" in (tmp_path / "failure").read_text()
-
-
-def test_vendored_wheels_go_into_code_and_install_offline(trained, tmp_path):
-    from tests.training.test_package import make_wheel
-    from training import package
-
-    model = tmp_path / "model"
-    shutil.copytree(trained.output_dir, model, ignore=shutil.ignore_patterns("checkpoints"))
-    house = tmp_path / "wheels"
-    house.mkdir()
-    wheels = [make_wheel(house, "sentiment-demo", requires=("sentiment-demo-dep==1.0",)),
-              make_wheel(house, "sentiment-demo-dep")]
-    requirements = tmp_path / "requirements.txt"
-    requirements.write_text("sentiment-demo==1.0\n")
-    sagemaker_entry.make_hostable(model, handler=package.DEFAULT_HANDLER, requirements_file=requirements,
-                                  wheels=wheels, python=package.DEFAULT_PYTHON, gate=False)
-    assert sorted(p.name for p in (model / "code" / "wheels").iterdir()) == sorted(w.name for w in wheels)
-    assert (model / "code" / "requirements.txt").read_text().splitlines() == [
-        "--no-index", "--find-links wheels", "sentiment-demo==1.0"]
-    # A wheelhouse that lacks a dependency is refused before anything is written.
-    other = tmp_path / "other"
-    shutil.copytree(trained.output_dir, other, ignore=shutil.ignore_patterns("checkpoints"))
-    with pytest.raises(package.PackageError, match="do not cover"):
-        sagemaker_entry.make_hostable(other, handler=package.DEFAULT_HANDLER, requirements_file=requirements,
-                                      wheels=wheels[:1], python=package.DEFAULT_PYTHON)
-    assert not (other / "code").exists()
-
-
-def test_wheels_are_downloaded_for_the_graviton_image(monkeypatch, tmp_path):
-    calls = []
-    monkeypatch.delenv("SERVING_PLATFORMS", raising=False)
-    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
-    sagemaker_entry.download_wheels(["torch==2.6.0"], tmp_path, "3.12")
-    text = " ".join(calls[0])
-    assert "pip download" in text and "--only-binary=:all: --python-version 3.12" in text
-    assert "--platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64" in text
-    assert text.endswith("torch==2.6.0")
-
-
-def test_wheel_platforms_rendered_by_the_stack_win(monkeypatch, tmp_path):
-    calls = []
-    monkeypatch.setenv("SERVING_PLATFORMS", "--platform manylinux2014_aarch64")
-    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
-    sagemaker_entry.download_wheels(["torch==2.6.0"], tmp_path, "3.11")
-    text = " ".join(calls[0])
-    assert "--python-version 3.11" in text and text.count("--platform") == 1
-    assert "--platform manylinux2014_aarch64 torch==2.6.0" in text

@@ -36,9 +36,10 @@ def test_training_setting_runs_the_named_image():
 
 
 def test_training_and_serving_pin_the_same_transformers():
-    from stacks.serving_wheels import pinned
+    from inference.sentiment.image import supply_chain
 
-    assert pinned("transformers", REPO_ROOT / "training" / "requirements.txt") == pinned("transformers")
+    training = supply_chain.pins(REPO_ROOT / "training" / "requirements.txt")
+    assert training["transformers"] == supply_chain.pins(supply_chain.REQUIREMENTS)["transformers"]
 
 
 def test_a_requirements_file_without_the_line_or_with_a_bad_tag_is_refused(tmp_path):

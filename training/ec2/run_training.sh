@@ -73,8 +73,7 @@ shutdown -h "+${GUARD_MINUTES}"
 
 step "check settings"
 : "${RUN_ID:?}" "${BUCKET:?}" "${REGION:?}" "${DLC_REGISTRY:?}" "${BASE_IMAGE:?}" "${LOG_GROUP:?}"
-: "${TRAINING_CODE_URL:?}" "${INFERENCE_CODE_URL:?}" "${MAX_HOURS:?}" "${TRAIN_ARGS:?}" "${SERVING_PYTHON:?}"
-: "${SERVING_PLATFORMS:?}"
+: "${TRAINING_CODE_URL:?}" "${INFERENCE_CODE_URL:?}" "${MAX_HOURS:?}" "${TRAIN_ARGS:?}"
 IMAGE="sentiment-training:${RUN_ID}"
 
 step "log set-up"
@@ -150,18 +149,11 @@ step "train"
   torchrun --nproc_per_node "$GPUS" -m training.train_sentiment \
   --output-dir /opt/ml/work/model --checkpoint-dir /opt/ml/work/checkpoints $TRAIN_ARGS
 
-step "wheelhouse"
-# The endpoint runs with network isolation, so the handler's wheels travel in the archive, built for the
-# hosting image's Python and platform (stacks/serving_wheels.py renders SERVING_PYTHON and SERVING_PLATFORMS).
-# shellcheck disable=SC2086  # SERVING_PLATFORMS is a list of --platform flags rendered by the stack
-"${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \
-  pip download --quiet --only-binary=:all: $SERVING_PLATFORMS \
-  --python-version "$SERVING_PYTHON" -d /opt/ml/work/wheels -r inference/sentiment/requirements.txt
-
 step "package"
+# Our serving image carries the handler and every dependency: the archive is the model, the gate's record and
+# its ONNX graphs, nothing to install at start-up.
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \
-  python -m training.package --model-dir /opt/ml/work/model --output /opt/ml/work/model.tar.gz \
-  --wheelhouse /opt/ml/work/wheels
+  python -m training.package --model-dir /opt/ml/work/model --output /opt/ml/work/model.tar.gz
 
 step "upload"
 aws s3 cp --only-show-errors "${WORK}/model.tar.gz" "${PREFIX}/model.tar.gz"

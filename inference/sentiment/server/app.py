@@ -1,6 +1,6 @@
 """The HTTP side of the SageMaker hosting contract, as a Starlette app: `GET /ping`, `POST /invocations`.
 
-What a client sees is today's contract (the TorchServe path's; tests/inference/test_local_stack.py pins it):
+What a client sees is the contract the retired TorchServe path answered (tests/inference/test_server.py pins it):
 200 with the handler's JSON, or a 4xx whose body is one line of JSON `{"error": "...", "status": N}` with
 `Content-Type: application/json`, decided by the handler's own `input_fn` / `output_fn`. A body that is not
 UTF-8, sent as `application/json` or `text/csv`, is a 400 before the content type is judged, as the toolkit's

@@ -1,9 +1,10 @@
 """Load the model from a SageMaker model directory and answer a batch of requests in one pass.
 
-Today's `model.tar.gz` loads unchanged: the tokenizer and classifier at its root are read exactly as the
-handler's `model_fn` reads them. The archive's `code/` folder (handler, TorchServe service, requirements,
-wheels) is not used: the image carries our handler (`inference.sentiment.inference`) and every Python
-dependency, so nothing is imported from the archive or installed at start-up.
+`model.tar.gz` from `training.package` (or SageMaker training) loads as is: the tokenizer and classifier at its
+root are read exactly as the handler's `model_fn` reads them. A `code/` folder, which archives packaged for the
+retired TorchServe image carry (handler, handler service, requirements, wheels), is not used: the image carries our
+handler (`inference.sentiment.inference`) and every Python dependency, so nothing is imported from the archive or
+installed at start-up.
 
 The engine and precision come from `inference.sentiment.precision.choose`: the fastest (engine, precision) pair that
 passed the accuracy gate recorded in the model directory and that this CPU and archive run (bf16 only with bf16

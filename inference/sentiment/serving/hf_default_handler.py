@@ -2,8 +2,9 @@
 
 sagemaker-huggingface-inference-toolkit (`handler_service.py`, `HuggingFaceHandlerService`) loads a transformers
 `pipeline` for the task and per request calls `pipeline(inputs, **parameters)` on the decoded JSON. For a list
-of texts the text-classification pipeline runs one forward pass per text. Shipped as `code/inference.py` of a
-second archive, so it runs through the same TorchServe, toolkit and handler service as ours.
+of texts the text-classification pipeline runs one forward pass per text. Shipped as `code/inference.py` of the
+baseline's archive (`training.package --handler`), it runs under TorchServe and the SageMaker PyTorch toolkit with
+the toolkit's own handler service (`inference.sentiment.local_stack`).
 """
 
 import json
