@@ -97,7 +97,7 @@ test-tools:
 
 test: install-dev test-tools  ## lint, then the whole test suite
 	$(PY) -m ruff check .
-	REQUIRE_SERVING_STACK=1 $(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The tests of the stacks, settings, LMI configuration and Lambda handlers: what requirements-infra.txt covers.
 INFRA_TESTS := tests/test_settings.py tests/test_settings_schema.py tests/test_settings_cli.py \

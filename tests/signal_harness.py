@@ -128,7 +128,6 @@ class Server:
     cases: tuple[tuple[int, str], ...] | None = None  # (signal, mode) pairs instead of signals x modes
     # A server the command needs (a load test's target), run in this process on the run's port: port -> context.
     target: Callable[[int], contextlib.AbstractContextManager] | None = None
-    heavy: bool = False  # starts TorchServe: one at a time, and only with the serving stack installed
 
     def all_cases(self) -> list[tuple[int, str]]:
         return list(self.cases or [(signum, mode) for signum in self.signals for mode in self.modes])

@@ -2,8 +2,8 @@
 
 Checked: every row of every scenario is printed with every column, the ratios are the rows' requests/s over the
 first row's, the GFLOP/s share is of the roof the run printed, the RSS mode prints its samples, and a stop signal
-stops the servers it started. No timing is asserted. The runs need .venv-image (`make image-venv`); `make test` sets
-REQUIRE_SERVING_STACK=1 so that a missing one fails. The toolkit row (TorchServe, the SageMaker toolkit, Java) is
+stops the servers it started. No timing is asserted. The runs need .venv-image (`make image-venv`, which `make test`
+runs; under CI=true a missing one fails). The toolkit row (TorchServe, the SageMaker toolkit, Java) is
 not started here: `make test` installs none of them since issue 43, and `make bench-handler` installs them on
 demand. Its pieces are checked without TorchServe: the archive it serves (tests/training/test_package.py) and what it
 refuses to serve, the environment it starts with, the table's reference row, and another run's TorchServe (waited
@@ -27,13 +27,12 @@ from common import processes
 from inference.sentiment import benchmark_server, local_stack
 from inference.sentiment import precision as precisions
 from inference.sentiment.server import local
+from tests.conftest import prerequisite
 
-pytestmark = pytest.mark.servers  # starts our servers (the toolkit row also needs torchserve): the servers lane
+pytestmark = pytest.mark.servers
 
 ROOT = Path(__file__).resolve().parents[2]
-REQUIRE = bool(os.environ.get("REQUIRE_SERVING_STACK"))
-needs_image_venv = pytest.mark.skipif(not local.IMAGE_PYTHON.is_file() and not REQUIRE,
-                                      reason="no .venv-image; run `make image-venv`")
+needs_image_venv = prerequisite(local.IMAGE_PYTHON.is_file(), "no .venv-image; run `make image-venv`")
 SCENARIOS = [name for name, *_ in benchmark_server.SCENARIOS]
 COLUMNS = ["scenario", "method", "req/s", "texts/s", "p50 ms", "p99 ms", "GFLOP/s", "% roof", "vs server-fp32"]
 

@@ -6,7 +6,7 @@ statuses and one-line JSON bodies), batching correctness (concurrent clients eac
 their own answer, the one they get alone), overload (429 at once, never a 5xx, also from 200 clients at once),
 and stopping (SIGTERM under load drains the accepted requests and exits 0 within 25 s, SIGINT exits 130, a signal
 during start-up, nothing left, the port free). Needs `make
-image-venv`; `make test` installs it and sets REQUIRE_SERVING_STACK=1 so that a missing venv fails.
+image-venv`, which `make test` runs; under CI=true a missing venv fails (tests/conftest.py `prerequisite`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import psutil
 import pytest
 
 from inference.sentiment.server import local
+from tests.conftest import prerequisite
 
-pytestmark = [pytest.mark.servers, pytest.mark.skipif(
-    not local.IMAGE_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK"),
-    reason="no .venv-image; run `make image-venv`",
-)]
+pytestmark = [pytest.mark.servers,
+              prerequisite(local.IMAGE_PYTHON.is_file(), "no .venv-image; run `make image-venv`")]
 JSON = "application/json"
 GOOD = json.dumps({"inputs": ["lovely weather", "terrible service"]}).encode()
 BAD_UTF8 = b'{"inputs": "caf\xe9 \xff"}'

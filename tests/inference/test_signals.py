@@ -17,7 +17,6 @@ its make target, the handler benchmark) left this table with it (issue 43).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
@@ -25,6 +24,7 @@ import pytest
 
 from inference.sentiment.server import local as image_server
 from tests import fake_lmi
+from tests.conftest import prerequisite
 from tests.signal_harness import Server, http_ok, line, python, run_case
 
 # The fake binds its port microseconds after it starts: no start-up phase to hit.
@@ -32,6 +32,9 @@ NO_START_UP = ("group-once", "group-twice", "process-once", "cleanup")
 # Issue 24's three modes with both signals, then one more mode each: every mode is covered without every product.
 REQUIRED = tuple((signum, mode) for signum in (signal.SIGTERM, signal.SIGINT)
                  for mode in ("group-once", "group-twice", "starting"))
+# Our server's cases that tests/inference/test_server.py already runs as scenarios of their own (both signals twice
+# to the group at once; SIGTERM while the model loads): each real-process scenario runs once in the suite.
+IN_TEST_SERVER = ((signal.SIGTERM, "group-twice"), (signal.SIGINT, "group-twice"), (signal.SIGTERM, "starting"))
 
 
 def _image_server(port, workdir, archive):
@@ -55,8 +58,8 @@ SERVERS = [
            target=lambda port: fake_lmi.FakeLmi("rolling", port=port)),
     # (SIGTERM, starting-process) was the retired local stack's case: every mode stays covered.
     Server("image-server", _image_server, starting=line(r"^sentiment server: starting"), ready=http_ok("/ping"),
-           cases=(*REQUIRED, (signal.SIGTERM, "process-once"), (signal.SIGINT, "cleanup"),
-                  (signal.SIGTERM, "starting-process"))),
+           cases=(*(case for case in REQUIRED if case not in IN_TEST_SERVER), (signal.SIGTERM, "process-once"),
+                  (signal.SIGINT, "cleanup"), (signal.SIGTERM, "starting-process"))),
     Server("make-serve-local", _make_serve_local, starting=line(r"^sentiment server: starting"),
            ready=http_ok("/ping"), modes=("group-once",), exit_status=lambda signum: -signum,
            forbidden_output=("Traceback", r"Error 1$")),
@@ -64,17 +67,15 @@ SERVERS = [
 
 pytestmark = pytest.mark.servers
 
-CASES = [pytest.param(server, signum, mode, id=f"{server.name}-{signal.Signals(signum).name}-{mode}")
-         for server in SERVERS for signum, mode in server.all_cases()]
-
-_no_image_venv = not image_server.IMAGE_PYTHON.is_file() and not os.environ.get("REQUIRE_SERVING_STACK")
 IMAGE_VENV_SERVERS = ("image-server", "make-serve-local")
+needs_image_venv = prerequisite(image_server.IMAGE_PYTHON.is_file(), "no .venv-image; run `make image-venv`")
+CASES = [pytest.param(server, signum, mode, id=f"{server.name}-{signal.Signals(signum).name}-{mode}",
+                      marks=[needs_image_venv] if server.name in IMAGE_VENV_SERVERS else [])
+         for server in SERVERS for signum, mode in server.all_cases()]
 
 
 @pytest.mark.parametrize(("server", "signum", "mode"), CASES)
 def test_stops_cleanly(server, signum, mode, archive, tmp_path):
-    if server.name in IMAGE_VENV_SERVERS and _no_image_venv:
-        pytest.skip("no .venv-image; run `make image-venv`")
     outcome = run_case(server, signum, mode, tmp_path, archive=archive)
     print(f"{server.name} {signal.Signals(signum).name} {mode}: exit {outcome.returncode} in "
           f"{outcome.elapsed_s:.1f} s" + (f", signals {outcome.signal_gap_s * 1e6:.0f} us apart"
