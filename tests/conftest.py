@@ -139,7 +139,10 @@ def _synthesizes_in_process(module, items) -> bool:
 def pytest_collection_modifyitems(config, items):
     """make test's xdist groups (`--dist loadgroup`): each module's tests run on one worker, so a module-scoped
     fixture (a server, a two-node run) is built once; the modules that synthesize in-process share one worker, so
-    jsii starts and each configuration is synthesized once. A test's own `xdist_group` mark wins."""
+    jsii starts and each configuration is synthesized once. A test's own `xdist_group` mark wins. Without xdist (the
+    CPython 3.13 venv has none) there is nothing to group."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     modules: dict[object, list] = {}
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
