@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,19 +122,16 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
     return pytest.mark.skip(reason=missing)
 
 
-# Top-level packages whose use in a test module's own process starts jsii (about 5 s, and each synthesized
-# configuration is built once per process): such modules share one xdist worker.
-CDK_PACKAGES = ("aws_cdk", "cdk_nag", "constructs", "stacks")
+# A test module that imports one of these in its own process (at the top or inside a test) starts jsii (about
+# 5 s) and synthesizes in-process: such modules share one xdist worker, where jsii starts once and each
+# configuration of the `synthesized` fixture is built once.
+CDK_IMPORT = re.compile(r"^\s*(from (aws_cdk|cdk_nag|constructs|stacks)\b|import (aws_cdk|cdk_nag|constructs|app)\b)",
+                        re.MULTILINE)
 
 
 def _synthesizes_in_process(module, items) -> bool:
-    if any("synthesized" in item.fixturenames for item in items):
-        return True
-    for value in vars(module).values():
-        name = getattr(value, "__module__", None) or getattr(value, "__name__", None)
-        if isinstance(name, str) and name.split(".")[0] in CDK_PACKAGES:
-            return True
-    return False
+    return any("synthesized" in item.fixturenames for item in items) or \
+        CDK_IMPORT.search(Path(module.__file__).read_text()) is not None
 
 
 def pytest_collection_modifyitems(config, items):

@@ -100,7 +100,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 
 @pytest.mark.slow
 @needs_image_venv
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130)])  # the one a fresh-clone run once saw go wrong
 def test_a_stop_signal_stops_the_servers_and_exits_with_its_status(signum, status):
     command = [sys.executable, "-m", "inference.sentiment.benchmark_server", "--preset", "tiny", "--no-toolkit",
                "--requests", "20000", "--rounds", "1"]
@@ -147,11 +147,11 @@ def test_text_flops_counts_every_matrix_product_of_the_model(model_dir):
 @pytest.mark.slow
 @needs_image_venv
 def test_startup_mode_prints_the_archive_size_and_each_start_to_the_first_ping(capsys):
-    assert benchmark_server.main(["--mode", "startup", "--preset", "tiny", "--starts", "2"]) == 0
+    assert benchmark_server.main(["--mode", "startup", "--preset", "tiny", "--starts", "1"]) == 0
     out = capsys.readouterr().out
     size = re.search(r"^model\.tar\.gz: (\d+\.\d) MiB compressed, (\d+\.\d) MiB in (\d+) files, 0 wheels", out, re.M)
     assert size and 0 < float(size.group(1)) <= float(size.group(2))
-    starts = re.search(r"^start to first 200 from /ping, 1 worker\(s\): (\d+\.\d), (\d+\.\d) s \(median", out, re.M)
+    starts = re.search(r"^start to first 200 from /ping, 1 worker\(s\): (\d+\.\d) s \(median", out, re.M)
     assert starts and all(float(value) > 0 for value in starts.groups())
 
 

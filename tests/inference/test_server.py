@@ -301,9 +301,10 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0_within_25
         running.stop()
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130)])
 def test_a_signal_to_the_group_twice_at_once_stops_it_like_one(archive, tmp_path, signum, status):
-    """A terminal's Ctrl-C or make's forwarding: every process of the group gets it, twice within a millisecond."""
+    """A terminal's Ctrl-C: every process of the group gets it, twice within a millisecond. (SIGTERM's status comes
+    from the same code, `common.processes.exit_status`; SIGTERM runs in tests/inference/test_signals.py's modes.)"""
     running = local.LocalServer(archive, log=tmp_path / "server.log").start()
     port = running.port
     os.killpg(running.process.pid, signum)

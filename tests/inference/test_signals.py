@@ -1,11 +1,14 @@
 """Every server and long-running tool we start locally stops cleanly on SIGTERM and SIGINT (issue 24).
 
 One table, `SERVERS`; each entry is run through `tests.signal_harness.run_case` for each of its (signal, mode)
-cases: SIGTERM and SIGINT to the process group once, twice within a millisecond, and during start-up (before it
-is ready), plus a signal to the process alone or a second one during the clean-up. After each: exit status 0 for
-SIGTERM and 130 for SIGINT, no process the run started left, every port it listened on free for a new bind, and
-nothing left in its temporary directory. Adding a server is one entry. Cases are chosen so that every mode is
-covered without every product of them.
+cases: SIGTERM or SIGINT to the process group once, twice within a millisecond, and during start-up (before it is
+ready), to the process alone, or a second one during the clean-up. After each: the exit status for that signal (0
+after SIGTERM, 130 after SIGINT: one function, `common.processes.exit_status`, unit-tested in
+tests/common/test_processes.py), no process the run started left, every port it listened on free for a new bind,
+and nothing left in its temporary directory. Adding a server is one entry. Each server runs each of its modes once,
+the two signals taking turns across its cases: the mode is what a real process can get wrong, the status a signal
+maps to is the same code for every mode. Our server's group-twice and start-up modes run in
+tests/inference/test_server.py, with its other real-process scenarios.
 
 GNU make (4.3 here) on SIGTERM or SIGINT waits for its children, prints the signal or the child's status for the
 target ("*** [Makefile:N: serve-local] Terminated", "... Error 130"), then kills itself with the same signal; on
@@ -27,14 +30,7 @@ from tests import fake_lmi
 from tests.conftest import prerequisite
 from tests.signal_harness import Server, http_ok, line, python, run_case
 
-# The fake binds its port microseconds after it starts: no start-up phase to hit.
-NO_START_UP = ("group-once", "group-twice", "process-once", "cleanup")
-# Issue 24's three modes with both signals, then one more mode each: every mode is covered without every product.
-REQUIRED = tuple((signum, mode) for signum in (signal.SIGTERM, signal.SIGINT)
-                 for mode in ("group-once", "group-twice", "starting"))
-# Our server's cases that tests/inference/test_server.py already runs as scenarios of their own (both signals twice
-# to the group at once; SIGTERM while the model loads): each real-process scenario runs once in the suite.
-IN_TEST_SERVER = ((signal.SIGTERM, "group-twice"), (signal.SIGINT, "group-twice"), (signal.SIGTERM, "starting"))
+TERM, INT = signal.SIGTERM, signal.SIGINT
 
 
 def _image_server(port, workdir, archive):
@@ -49,19 +45,20 @@ def _make_serve_local(port, workdir, archive):
 
 SERVERS = [
     Server("fake-lmi", lambda port, workdir, **_: python("-m", "tests.fake_lmi", "--port", str(port)),
-           starting=line(r"fake LMI: starting"), ready=line(r"^listening on"), modes=NO_START_UP),
+           starting=line(r"fake LMI: starting"), ready=line(r"^listening on"),  # no start-up phase to hit: it
+           # binds its port microseconds after it starts
+           cases=((TERM, "group-once"), (INT, "group-twice"), (TERM, "process-once"), (INT, "cleanup"))),
     Server("loadtest", lambda port, workdir, **_: python(
         "-m", "inference.llm.loadtest", "--url", f"http://127.0.0.1:{port}/invocations", "--kind", "llm",
         "--shape", "32x8", "--concurrency", "2", "--duration", "600", "--no-progress"),
            starting=lambda run: False, ready=lambda run: len(run.target.payloads) > 2,
-           modes=("group-once", "group-twice", "process-once"),
+           cases=((INT, "group-once"), (TERM, "group-twice"), (INT, "process-once")),
            target=lambda port: fake_lmi.FakeLmi("rolling", port=port)),
     # (SIGTERM, starting-process) was the retired local stack's case: every mode stays covered.
     Server("image-server", _image_server, starting=line(r"^sentiment server: starting"), ready=http_ok("/ping"),
-           cases=(*(case for case in REQUIRED if case not in IN_TEST_SERVER), (signal.SIGTERM, "process-once"),
-                  (signal.SIGINT, "cleanup"), (signal.SIGTERM, "starting-process"))),
+           cases=((TERM, "group-once"), (TERM, "process-once"), (INT, "cleanup"), (TERM, "starting-process"))),
     Server("make-serve-local", _make_serve_local, starting=line(r"^sentiment server: starting"),
-           ready=http_ok("/ping"), modes=("group-once",), exit_status=lambda signum: -signum,
+           ready=http_ok("/ping"), cases=((TERM, "group-once"),), exit_status=lambda signum: -signum,
            forbidden_output=("Traceback", r"Error 1$")),
 ]
 

@@ -39,7 +39,7 @@ def test_metrics_json_has_every_field(trained):
     assert metrics["effective"]["torch_compile"] is False
     assert metrics["examples"] == {"train": 266, "validation": 57, "test": 57}
     versions = metrics["versions"]
-    for name in ("torch", "transformers", "datasets", "accelerate", "scikit-learn", "tokenizers"):
+    for name in ("torch", "transformers", "datasets", "accelerate", "tokenizers"):
         assert versions[name] == metadata.version(name)
     assert versions["python"].count(".") == 2
 
@@ -171,3 +171,20 @@ def test_pretrained_checkpoint_stored_in_bf16_loads_as_float32(tmp_path):
     args = argparse.Namespace(model_name_or_path=str(tmp_path / "bf16"), cache_dir=None, max_length=32, seed=0)
     _, model = _load_model(args, texts)
     assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize(("labels", "predicted", "expected"), [
+    # Per class (hits, true, predicted): 0 (1, 2, 2), 1 (2, 2, 3), 2 (1, 2, 1); worked out by hand.
+    ([0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 2, 0], {"accuracy": 4 / 6, "recall_macro": (1 / 2 + 1 + 1 / 2) / 3,
+                                              "f1_macro": (2 / 4 + 4 / 5 + 2 / 3) / 3}),
+    # Classes with no true and no predicted rows count as 0 in the macro average (scikit-learn's zero_division=0).
+    ([0, 0], [0, 1], {"accuracy": 1 / 2, "recall_macro": (1 / 2) / 3, "f1_macro": (2 / 3) / 3}),
+])
+def test_metrics_are_accuracy_and_macro_recall_and_f1_over_the_three_classes(labels, predicted, expected):
+    import numpy as np
+
+    from training.train_sentiment import compute_metrics
+
+    logits = np.eye(len(LABELS))[predicted]  # one-hot: argmax is the prediction
+    prediction = type("EvalPrediction", (), {"predictions": (logits,), "label_ids": np.array(labels)})
+    assert compute_metrics(prediction) == pytest.approx(expected)
