@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -122,33 +123,33 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
     return pytest.mark.skip(reason=missing)
 
 
-# A test module that imports one of these in its own process (at the top or inside a test) starts jsii (about
-# 5 s) and synthesizes in-process: such modules share one xdist worker, where jsii starts once and each
-# configuration of the `synthesized` fixture is built once.
-CDK_IMPORT = re.compile(r"^\s*(from (aws_cdk|cdk_nag|constructs|stacks)\b|import (aws_cdk|cdk_nag|constructs|app)\b)",
-                        re.MULTILINE)
+# A test module that imports one of these in its own process (at the top or inside a test), or uses the
+# `synthesized` fixture, starts jsii (about 5 s) and synthesizes in-process.
+CDK_IN_PROCESS = re.compile(r"^\s*(from (aws_cdk|cdk_nag|constructs|stacks)\b|import (aws_cdk|cdk_nag|constructs|"
+                            r"app)\b)|\bsynthesized\b", re.MULTILINE)
+CDK_GROUP = "synthesizes in-process"
 
 
-def _synthesizes_in_process(module, items) -> bool:
-    return any("synthesized" in item.fixturenames for item in items) or \
-        CDK_IMPORT.search(Path(module.__file__).read_text()) is not None
+@functools.cache
+def xdist_group(module_path: str) -> str:
+    """The worker group of a test module under `make test`: its own, or the one every in-process CDK module shares
+    (jsii then starts once, and each configuration of `synthesized` is built once)."""
+    path = REPO_ROOT / module_path
+    return CDK_GROUP if path.is_file() and CDK_IN_PROCESS.search(path.read_text()) else module_path
 
 
-def pytest_collection_modifyitems(config, items):
-    """make test's xdist groups (`--dist loadgroup`): each module's tests run on one worker, so a module-scoped
-    fixture (a server, a two-node run) is built once; the modules that synthesize in-process share one worker, so
-    jsii starts and each configuration is synthesized once. A test's own `xdist_group` mark wins. Without xdist (the
-    CPython 3.13 venv has none) there is nothing to group."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    modules: dict[object, list] = {}
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            modules.setdefault(item.module, []).append(item)
-    for module, module_items in modules.items():
-        group = "cdk" if _synthesizes_in_process(module, module_items) else module.__name__
-        for item in module_items:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` with our groups: each module's tests on one worker, so a module-scoped fixture (a server, a
+    two-node run) is built once, and the in-process CDK modules together (`xdist_group`)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid.split("::", 1)[0])
+
+    return ModuleGroups(config, log)
 
 
 def pytest_runtest_setup(item):

@@ -1,6 +1,7 @@
 """`make test`'s one pytest run over pytest-xdist workers (tests/stop_signals.py): a CI time-out (SIGTERM to pytest)
 or Ctrl-C (SIGINT) still runs every test's teardown, where the servers it started stop; a failure on any worker
-fails the run. Run on a small project of its own, with real pytest processes."""
+fails the run. Run on a small project of its own, with real pytest processes. And the groups tests/conftest.py gives
+xdist."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import CDK_GROUP, REPO_ROOT, xdist_group
 
 INI = """
 [pytest]
@@ -88,3 +89,10 @@ def test_a_stop_signal_runs_every_workers_teardown_and_the_run_ends_interrupted(
     assert not [pid for pid in servers if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, output
+
+
+def test_a_module_stays_on_one_worker_and_the_in_process_cdk_modules_share_one():
+    assert xdist_group("tests/inference/test_server.py") == "tests/inference/test_server.py"
+    assert xdist_group("tests/training/test_sagemaker_entry.py") == "tests/training/test_sagemaker_entry.py"
+    for module in ("tests/test_sentiment_stack.py", "tests/test_cli.py", "tests/test_patch_windows.py"):
+        assert xdist_group(module) == CDK_GROUP, module  # `synthesized`, app.main in-process
