@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -138,18 +139,20 @@ def xdist_group(module_path: str) -> str:
     return CDK_GROUP if path.is_file() and CDK_IN_PROCESS.search(path.read_text()) else module_path
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadscope` with our groups: each module's tests on one worker, so a module-scoped fixture (a server, a
-    two-node run) is built once, and the in-process CDK modules together (`xdist_group`)."""
-    if config.getvalue("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+if importlib.util.find_spec("xdist") is not None:  # the CPython 3.13 venv has no xdist, and pytest refuses its hook
 
-    class ModuleGroups(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_group(nodeid.split("::", 1)[0])
+    def pytest_xdist_make_scheduler(config, log):
+        """`--dist loadscope` with our groups: each module's tests on one worker, so a module-scoped fixture (a
+        server, a two-node run) is built once, and the in-process CDK modules together (`xdist_group`)."""
+        if config.getvalue("dist") != "loadscope":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
 
-    return ModuleGroups(config, log)
+        class ModuleGroups(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return xdist_group(nodeid.split("::", 1)[0])
+
+        return ModuleGroups(config, log)
 
 
 def pytest_runtest_setup(item):
