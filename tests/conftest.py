@@ -125,9 +125,9 @@ def prerequisite(available: bool, missing: str) -> pytest.MarkDecorator:
 
 
 # A test module that imports one of these in its own process (at the top or inside a test), or uses the
-# `synthesized` fixture, starts jsii (about 5 s) and synthesizes in-process.
+# `synthesized` fixture or tests/test_cli.py's `app_main`, starts jsii (about 5 s) and synthesizes in-process.
 CDK_IN_PROCESS = re.compile(r"^\s*(from (aws_cdk|cdk_nag|constructs|stacks)\b|import (aws_cdk|cdk_nag|constructs|"
-                            r"app)\b)|\bsynthesized\b", re.MULTILINE)
+                            r"app)\b)|\b(synthesized|app_main)\b", re.MULTILINE)
 CDK_GROUP = "synthesizes in-process"
 
 

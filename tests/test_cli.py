@@ -57,14 +57,19 @@ def test_bad_setting_exits_1_with_one_line(tmp_path):
     assert not (tmp_path / "manifest.json").exists()
 
 
-@pytest.mark.parametrize(("context", "expected"), BAD_SETTINGS)
-def test_bad_settings_stop_the_app_with_the_line_it_prints(tmp_path, monkeypatch, capsys, context, expected):
-    """More bad settings through `app.main`, in this process: the line it prints and its status."""
+def app_main(context: dict[str, str], outdir: Path, monkeypatch) -> int:
+    """`app.main` in this process on `context`: what `python app.py` does, without a second jsii start."""
     import app
     from stacks import environment
 
-    monkeypatch.setattr(app, "new_app", lambda: environment.new_app(context=context, outdir=str(tmp_path)))
-    assert app.main() == 1
+    monkeypatch.setattr(app, "new_app", lambda: environment.new_app(context=context, outdir=str(outdir)))
+    return app.main()
+
+
+@pytest.mark.parametrize(("context", "expected"), BAD_SETTINGS)
+def test_bad_settings_stop_the_app_with_the_line_it_prints(tmp_path, monkeypatch, capsys, context, expected):
+    """More bad settings through `app.main`, in this process: the line it prints and its status."""
+    assert app_main(context, tmp_path, monkeypatch) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(expected), line
     assert not (tmp_path / "manifest.json").exists()

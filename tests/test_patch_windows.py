@@ -13,6 +13,7 @@ from settings import SettingsError, load_settings
 from settings.patch_windows import TODAY_ENV, WARN_DAYS, WINDOWS, check, deployed_images
 from settings.serving import LMI_VERSIONS
 from tests.conftest import REPO_ROOT
+from tests.test_cli import app_main
 
 MODEL = "s3://my-bucket/models/sentiment/run-1/model.tar.gz"
 BASE = "python:3.13-slim-trixie"
@@ -76,23 +77,14 @@ def test_a_bad_date_for_the_check_is_one_line(monkeypatch):
         check({BASE: "sentiment.enabled=true"}, allow_unpatched=False)
 
 
-def _app_main(context: dict[str, str], outdir, monkeypatch) -> int:
-    """`app.main` in this process on `context` (tests/test_cli.py runs the app as a process)."""
-    import app
-    from stacks import environment
-
-    monkeypatch.setattr(app, "new_app", lambda: environment.new_app(context=context, outdir=str(outdir)))
-    return app.main()
-
-
 def test_synth_refuses_an_image_past_its_end_and_takes_it_with_the_flag(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(TODAY_ENV, "2026-12-04")
     context = {"env": "dev", "falcon.enabled": "true", "falcon.lmi_version": "0.23.0"}
-    assert _app_main(context, tmp_path / "refused", monkeypatch) == 1
+    assert app_main(context, tmp_path / "refused", monkeypatch) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: invalid setting falcon.lmi_version='0.23.0': expected an image inside its patch "
                            "window: djl-inference:0.23.0-deepspeed0.9.5-cu118 ended patching on 2024-07-14"), line
-    assert _app_main({**context, "allow_unpatched_images": "true"}, tmp_path / "allowed", monkeypatch) == 0
+    assert app_main({**context, "allow_unpatched_images": "true"}, tmp_path / "allowed", monkeypatch) == 0
     assert (tmp_path / "allowed" / "manifest.json").is_file()
     days = (date(2026, 12, 4) - WINDOWS["djl-inference:0.23.0"].end_of_patch).days
     assert f"warning: dev: djl-inference:0.23.0-deepspeed0.9.5-cu118 ended patching on 2024-07-14, {days} days " \
