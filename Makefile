@@ -38,7 +38,11 @@ help:  ## list the targets
 UV_VERSION := 0.13.9
 UV := build/uv/bin/uv
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
-UV_INSTALL = $(UV) pip install --quiet $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+# --compile-bytecode: each venv's packages are compiled once at install. Where PYTHONDONTWRITEBYTECODE is set (as on
+# this project's machines and CI), nothing is ever cached at import, so every process the tests start compiled
+# torch and transformers again: `from transformers import Trainer` took 12 CPU-s, 5 with the bytecode (a 2-vCPU
+# Xeon; docs/figures.md). uv compiles only when it installs something, in parallel, about 20 s for .venv.
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 
 $(UV):
 	python3 -m venv build/uv
