@@ -613,8 +613,18 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, UsageError) as error:
         _error(str(error))
         return 2
-    if not metrics.pop("is_main_process"):
-        return 0
+    from training import hardware
+
+    try:
+        if metrics.pop("is_main_process"):
+            _finish(args, metrics, start)
+    finally:
+        hardware.leave_process_group()  # every rank, once rank 0 has written what it writes
+    return 0
+
+
+def _finish(args, metrics: dict, start: float) -> None:
+    """Rank 0's part after training: metrics.json, the summary, and any predictions asked for."""
     metrics["wall_seconds"] = round(time.perf_counter() - start, 2)
     output_dir = Path(args.output_dir)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
@@ -624,7 +634,6 @@ def main(argv: list[str] | None = None) -> int:
 
         for text, (label, score) in zip(args.predict, classify(output_dir, args.predict), strict=True):
             print(f"prediction: {text!r} -> {label} ({score:.2f})")
-    return 0
 
 
 if __name__ == "__main__":
