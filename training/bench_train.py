@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli_types import non_negative_int, positive_int
+from training.cuda_graphs import MODES
 from training.data import SAMPLE_DIR
+from training.speed import WARMUP_STEPS
 
 PROG = "python -m training.bench_train"
 # Dense bf16 tensor-core peaks, FLOP/s, by a fragment of torch.cuda.get_device_name(). NVIDIA datasheets: H100 SXM and
@@ -41,6 +43,13 @@ PROG = "python -m training.bench_train"
 # clocks and no published datasheet, so MFU there is a lower bound).
 BF16_PEAKS = (("H200", 989.4e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("A100", 312e12), ("A10G", 125e12))
 TRAIN_ROWS = 266  # rows of training/data/sample/train.jsonl
+# The loss check: steps per run, and the largest difference of losses that bf16 rounding explains (bf16 keeps 8
+# bits of mantissa, a relative step of 0.4%; two runs that fuse and order their arithmetic differently drift apart
+# by about that much per step and partly cancel: 0.02 is 2% of an untrained 3-class loss, ln 3).
+LOSS_CHECK_STEPS = 50
+LOSS_TOLERANCE = 0.02
+# A step is bound by the device when its time is at most this many times its kernels' time (issue 42).
+DEVICE_BOUND_RATIO = 1.2
 MIN_STEPS = 300
 # train_sentiment's local model -> the bare loop's (training.benchmark --model-size) of the same shape.
 BARE_LOOP_SIZES = {"tiny": "tiny", "random-base": "base", "narrow-base": "narrow-base"}
@@ -54,14 +63,36 @@ class Variant:
     cache: str  # "cold": an empty compile cache; "warm": the one the cold run filled; "-": no compile
 
 
-def variants(compile_backend: str, cold: bool) -> list[Variant]:
+def variants(compile_backend: str, cold: bool, compile_mode: str = "auto") -> list[Variant]:
     plain = ("--no-torch-compile", "--no-bf16", "--no-fused-adamw", "--no-tf32")
-    fast = ("--torch-compile", "--torch-compile-backend", compile_backend, "--bf16", "--fused-adamw")
+    fast = ("--torch-compile", "--torch-compile-backend", compile_backend, "--torch-compile-mode", compile_mode,
+            "--bf16", "--fused-adamw")
     optimized = ([Variant("optimized (cold cache)", fast, "max-length", "cold"),
                   Variant("optimized (warm cache)", fast, "max-length", "warm")] if cold
                  else [Variant("optimized", fast, "max-length", "as found")])
     return [Variant("plain", plain, "max-length", "-"), *optimized,
             Variant("optimized+buckets", fast, "buckets", "warm" if cold else "as found")]
+
+
+def loss_check_variants(compile_backend: str, compile_mode: str) -> list[Variant]:
+    """The same 50 steps twice with dropout off: eager with the optimized run's precision, and the optimized run
+    itself (compiled, CUDA graphs on a GPU). Only the compiler differs, so the losses must agree to bf16 rounding."""
+    same = ("--bf16", "--fused-adamw", "--dropout", "0", "--max-steps", str(LOSS_CHECK_STEPS))
+    return [Variant("loss-check-eager", ("--no-torch-compile", *same), "max-length", "-"),
+            Variant("loss-check-compiled", ("--torch-compile", "--torch-compile-backend", compile_backend,
+                                            "--torch-compile-mode", compile_mode, *same), "max-length", "as found")]
+
+
+def loss_check(eager: dict, compiled: dict, tolerance: float = LOSS_TOLERANCE) -> tuple[bool, str]:
+    """Whether the compiled run's losses (training mean, validation after the last step) match the eager run's."""
+    pairs = {"training loss": (eager["train_loss"], compiled["train_loss"]),
+             "validation loss": (eager["validation"]["loss"], compiled["validation"]["loss"])}
+    worst = max(abs(b - a) for a, b in pairs.values())
+    passed = worst <= tolerance
+    shown = ", ".join(f"{name} eager {a:.4f} compiled {b:.4f}" for name, (a, b) in pairs.items())
+    verdict = "pass" if passed else "FAIL"
+    return passed, (f"loss check after {LOSS_CHECK_STEPS} steps, dropout off: {shown}; largest difference "
+                    f"{worst:.4f} {'<=' if passed else '>'} {tolerance} (bf16 tolerance): {verdict}")
 
 
 def peak_flops(gpu: str | None) -> float | None:
@@ -107,6 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="copies of the 266-row sample in the training set (default: enough for 300 steps)")
     parser.add_argument("--compile-backend",
                         help="torch.compile backend (default: inductor on a GPU, aot_eager on a CPU)")
+    parser.add_argument("--compile-mode", choices=MODES, default="auto",
+                        help="torch.compile mode of the optimized runs and the bare loop (auto: reduce-overhead, "
+                        "CUDA graphs, on a GPU; training/cuda_graphs.py)")
+    parser.add_argument("--loss-check", action=argparse.BooleanOptionalAction, default=False,
+                        help=f"also train {LOSS_CHECK_STEPS} steps with dropout off eagerly and compiled, and compare "
+                        f"the losses (exit 1 if they differ by more than {LOSS_TOLERANCE})")
     parser.add_argument("--cold-cache", action=argparse.BooleanOptionalAction, default=None,
                         help="run optimized twice, first with an empty compile cache, then warm (default: with "
                         "inductor; on a CPU the cold run costs minutes of C++ builds)")
@@ -152,10 +189,13 @@ def launch(variant: Variant, args, model: str, train_file: Path, work: Path, cac
         "--per-device-train-batch-size", str(args.batch_size), "--per-device-eval-batch-size", str(args.batch_size),
         "--num-train-epochs", str(args.epochs), "--learning-rate", "1e-3" if model == "tiny" else "1e-5",
         "--seed", "42", "--step-timing", str(timing), "--dataloader-workers", str(args.dataloader_workers),
+        "--profile-from", str(WARMUP_STEPS + 1),
         *variant.flags,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           # A graph that falls back to eager is an error, not a silently slower step (training/cuda_graphs.py).
+           "TORCHINDUCTOR_CUDAGRAPH_OR_ERROR": "1"}
     if cache_root is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root / "inductor")
         env["TRITON_CACHE_DIR"] = str(cache_root / "triton")
@@ -168,6 +208,7 @@ def launch(variant: Variant, args, model: str, train_file: Path, work: Path, cac
         raise RuntimeError(f"{variant.name}: train_sentiment exited with {completed.returncode}\n{tail}")
     result = json.loads(timing.read_text())
     result["wall_seconds"] = round(wall, 1)
+    result["train_loss"] = json.loads((work / name / "metrics.json").read_text())["train_loss"]
     return result
 
 
@@ -177,7 +218,8 @@ def bare_loop(args, model_size: str) -> dict | None:
         out = Path(folder) / "bare.json"
         command = [sys.executable, "-m", "training.benchmark", "--batch-size", str(args.batch_size),
                    "--seq-len", str(args.max_length), "--model-size", model_size, "--steps", "100",
-                   "--compile-backend", args.compile_backend, "--json", str(out)]
+                   "--compile-backend", args.compile_backend, "--compile-mode", args.compile_mode,
+                   "--json", str(out)]
         print(f"[bare loop] {' '.join(command[1:])}", flush=True)
         completed = subprocess.run(command, capture_output=True, text=True)
         if completed.returncode != 0:
@@ -205,8 +247,10 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
             f"{compiled.get('unique_graphs', 0):>6} {compiled.get('recompiles', 0):>7} "
             f"{_fmt(compiled.get('compile_seconds'), '9.1f', '-'):>9} {_fmt(executed, '6.1%'):>6} "
             f"{_fmt((timing.get('validation') or {}).get('accuracy'), '7.3f'):>7}")
-    lines.append(f"MFU: against {peak_note}; counts every computed token (padding included); graphs and recompiles "
-                 "from Dynamo's records")
+    lines.append(f"MFU: against {peak_note}; FLOPs per token 6 x non-embedding parameters + 12 x layers x width x "
+                 "sequence (attention; PaLM's appendix B), on every computed token (padding included); graphs and "
+                 "recompiles from Dynamo's records")
+    lines += device_bound(results)
     plain = results.get("plain")
     warm = results.get("optimized (warm cache)") or results.get("optimized")
     buckets = results.get("optimized+buckets")
@@ -234,6 +278,41 @@ def report(results: dict[str, dict], bare: dict | None, peak: float | None, peak
     elif warm and warm.get("compile"):
         lines.append(f"compile seconds: {warm['compile']['compile_seconds']:.1f} (compile cache as found; --cold-cache "
                      "measures cold and warm)")
+    return lines
+
+
+def device_bound(results: dict[str, dict]) -> list[str]:
+    """Per variant: the step against the time its kernels ran (torch.profiler over a few steady steps), and what
+    the CUDA graphs did. A GPU step is bound by the device when it takes at most DEVICE_BOUND_RATIO x its kernels."""
+    lines = []
+    for name, timing in results.items():
+        profile = timing.get("profile")
+        compiled = timing.get("compile") or {}
+        graphs = compiled.get("cuda_graphs") or {}
+        on_gpu = timing.get("device") == "cuda"
+        if not on_gpu:
+            graph_note = "CUDA graphs: n/a on CPU"
+        elif not graphs.get("applies"):
+            graph_note = "CUDA graphs: off" + (f" ({graphs['why']})" if graphs.get("why") else " (not compiled)")
+        else:
+            reasons = f" ({'; '.join(graphs['skip_reasons'])})" if graphs.get("skip_reasons") else ""
+            launches = (profile or {}).get("graph_launches_per_step")
+            graph_note = (f"CUDA graphs: {_fmt(launches, '.1f')} replays per step, {graphs.get('skips', 0)} "
+                          f"skipped{reasons}")
+        shapes = len(timing.get("training_shapes") or [])
+        per_shape = (f"; graphs per training shape {compiled['unique_graphs'] / shapes:.1f}"
+                     if compiled.get("unique_graphs") is not None and shapes else "")
+        if not profile or not profile.get("kernel_ms_per_step"):
+            lines.append(f"{name}: no profile; {graph_note}{per_shape}")
+            continue
+        step_ms = timing["median_step_seconds"] * 1000
+        ratio = step_ms / profile["kernel_ms_per_step"]
+        if on_gpu:
+            verdict = "device-bound" if ratio <= DEVICE_BOUND_RATIO else f"host-bound (over {DEVICE_BOUND_RATIO}x)"
+        else:
+            verdict = "a CPU's op time, not a device's kernels"
+        lines.append(f"{name}: step {step_ms:.2f} ms, {profile['kernel_time']} {profile['kernel_ms_per_step']:.2f} ms "
+                     f"per step over {profile['steps']} steps ({ratio:.2f}x: {verdict}); {graph_note}{per_shape}")
     return lines
 
 
@@ -298,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     cold = args.cold_cache if args.cold_cache is not None else args.compile_backend == "inductor"
     steps_per_copy = TRAIN_ROWS / args.batch_size
     repeat = args.repeat or math.ceil(MIN_STEPS / args.epochs / steps_per_copy)
-    chosen = variants(args.compile_backend, cold)
+    chosen = variants(args.compile_backend, cold, args.compile_mode)
     if args.only:
         names = {name.strip() for name in args.only.split(",")}
         unknown = names - {variant.name.split(" ")[0] for variant in chosen}
@@ -327,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
                 results[variant.name] = timing
                 print(f"[{variant.name}] {timing['samples_per_second']:.1f} samples/s over "
                       f"{timing['steps_measured']} steps, {timing['wall_seconds']} s", flush=True)
+            checked = ([launch(variant, args, model, train_file, work, cache_root)
+                        for variant in loss_check_variants(args.compile_backend, args.compile_mode)]
+                       if args.loss_check else None)
         except RuntimeError as error:
             print(f"{PROG}: {error}", file=sys.stderr)
             return 1
@@ -340,12 +422,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         note = "nothing on a CPU (n/a: its roof on a shared machine moves with the load)"
     lines = report(results, bare, peak, note)
+    passed = True
+    if checked:
+        passed, line = loss_check(*checked)
+        lines.append(line)
     print("\n".join(lines))
     if args.json:
         args.json.write_text(json.dumps({"device": device, "gpu": gpu, "model": model, "results": results,
-                                         "bare_loop": bare, "peak_flops": peak, "peak": note, "report": lines},
+                                         "bare_loop": bare, "peak_flops": peak, "peak": note, "report": lines,
+                                         "loss_check": checked and {"passed": passed, "runs": checked}},
                                         indent=2) + "\n")
-    return 0
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from common.cli_types import positive_int
 from training import LABELS, hardware
+from training.cuda_graphs import MODES
 
 PROG = "python -m training.benchmark"
 RECIPE_SPEEDUP = 1.42
@@ -64,8 +65,9 @@ def model_config(size: str):
 
 
 def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: int, seed: int,
-        backend: str = "inductor") -> Result:
-    """Fresh model from `seed`, `warmup` untimed steps (compilation happens there), then `steps` timed."""
+        backend: str = "inductor", mode: str | None = None) -> Result:
+    """Fresh model from `seed`, `warmup` untimed steps (compilation happens there), then `steps` timed. `mode`: the
+    torch.compile mode, compiled as the Trainer path compiles (full graph, static shapes: training/cuda_graphs.py)."""
     import torch
     from transformers import RobertaForSequenceClassification
 
@@ -73,7 +75,8 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     model = RobertaForSequenceClassification(config).to(device).train()
     # Fused AdamW updates all parameters in one kernel; the baseline is torch's default implementation.
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True if variant.fused_adamw else None)
-    forward = torch.compile(model, backend=backend) if variant.torch_compile else model
+    forward = (torch.compile(model, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+               if variant.torch_compile else model)
     # Through the precision API transformers uses; on a CPU the plan never asks for TF32 (sets "ieee").
     hardware.set_tf32(variant.tf32)
 
@@ -145,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--torch-compile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile backend (aot_eager: Dynamo and AOTAutograd without code generation)")
+    parser.add_argument("--compile-mode", choices=MODES, default="auto",
+                        help="torch.compile mode, as train_sentiment's --torch-compile-mode (auto: reduce-overhead, "
+                        "CUDA graphs, on a GPU)")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--fused-adamw", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
@@ -193,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import RobertaForSequenceClassification
 
+    from training import cuda_graphs
+
     # tf32=True: the Trainer turns TF32 on with torch.compile on Ampere+ GPUs, so the optimized run does too.
     speed = hardware.plan(args.bf16, args.torch_compile, args.fused_adamw, tf32=args.torch_compile)
     device = speed.device
@@ -214,10 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{device} ({machine}), {size} model ({parameters / 1e6:.1f} M parameters), batch {args.batch_size} x "
         f"{args.seq_len} tokens, {args.steps} timed steps after {args.warmup} warm-up"
     )
-    print(speed.summary())
+    mode = cuda_graphs.resolve_mode(args.compile_mode, device, speed.torch_compile)
+    try:
+        cuda_graphs.check(mode, backend=args.compile_backend, gradient_accumulation_steps=1, learning_rate=1e-5)
+    except cuda_graphs.GraphConflict as error:
+        print(f"{PROG}: error: {str(error).replace('--torch-compile-', '--compile-')}", file=sys.stderr)
+        return 2
+    print(f"{speed.summary()}; {cuda_graphs.describe(mode, device)}")
     optimized = Variant("optimized", speed.bf16, speed.torch_compile, speed.fused_adamw, bool(speed.tf32))
     common = {"config": config, "batch": batch, "device": device, "steps": args.steps, "warmup": args.warmup,
-              "backend": args.compile_backend}
+              "backend": args.compile_backend, "mode": mode}
     results = [run(Variant("baseline"), **common, seed=args.seed), run(optimized, **common, seed=args.seed)]
 
     print(f"{'run':<10} {'bf16':>5} {'compile':>8} {'fused':>6} {'tf32':>5} {'warm-up s':>10} {'samples/s':>10}")
@@ -242,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {key: value for key, value in vars(args).items() if key != "json"},
             "results": [asdict(result) for result in results],
             "speedup": ratio,
+            "compile_mode": mode,
             "left_out": speed.turned_off,
         }
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

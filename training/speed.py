@@ -217,6 +217,8 @@ def recipe_trainer(train_collator: BucketCollator):
             self._flop_parameters: tuple[int, int] | None = None  # (id of the model counted, its count)
             # (id of the model checked, its trainable parameters, or None where the fast clipping does not apply)
             self._clip_parameters: tuple[int, list | None] | None = None
+            # Set by the caller where the compile mode records CUDA graphs (training/cuda_graphs.py).
+            self.graph_outputs_reused = False
 
         def _get_train_sampler(self, train_dataset=None):
             dataset = train_dataset if train_dataset is not None else self.train_dataset
@@ -277,6 +279,21 @@ def recipe_trainer(train_collator: BucketCollator):
                 return None
             return [p.grad for p in parameters if p.grad is not None]
 
+        def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+            # A compiled model that records CUDA graphs returns outputs that its next replay overwrites, and the
+            # Trainer keeps evaluation logits by reference (trainer_pt_utils.EvalLoopContainer). Evaluation after
+            # `train()` runs the uncompiled module (training/cuda_graphs.py); one that runs the compiled model
+            # (`evaluate()` before training prepared it) starts a new replay generation and keeps copies.
+            if not (self.graph_outputs_reused and _is_compiled(model)):
+                return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            import torch
+
+            from training import cuda_graphs
+
+            torch.compiler.cudagraph_mark_step_begin()
+            outputs = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            return cuda_graphs.clone_outputs(outputs)
+
         def floating_point_ops(self, inputs) -> int:
             # transformers computes `6 x tokens x non-embedding parameters` for `total_flos` at every step, and
             # counts the parameters each time (`num_parameters(exclude_embeddings=True)` walks every module and
@@ -290,6 +307,13 @@ def recipe_trainer(train_collator: BucketCollator):
             return 6 * inputs[main_input].numel() * self._flop_parameters[1]
 
     return RecipeTrainer
+
+
+def _is_compiled(model) -> bool:
+    """torch.compile's wrapper, directly or under DDP's."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return isinstance(model, OptimizedModule) or isinstance(getattr(model, "module", None), OptimizedModule)
 
 
 def zero_grad_by_list(module):
@@ -440,9 +464,30 @@ class HostClock:
                 for label, values in self.seconds.items() if values}
 
 
-def make_step_timer(device: str):
+# Steady steps that torch.profiler records for the kernel time per step (after the warm-up steps).
+PROFILED_STEPS = 5
+
+
+def profile_summary(profiler, steps: int, device: str) -> dict:
+    """Per step, from torch.profiler's own totals: the time the device's kernels ran (on a CPU, the ops' self time:
+    what a CPU can say) and the CUDA graph launches (each one a replay of a recorded graph)."""
+    averages = profiler.key_averages()
+    if device == "cuda":
+        # The sum the profiler's table prints as "Self CUDA time total": every kernel once, inside graphs too.
+        kernel_us = sum(average.self_device_time_total for average in averages)
+        launches = sum(average.count for average in averages if average.key == "cudaGraphLaunch")
+    else:
+        kernel_us = sum(average.self_cpu_time_total for average in averages)
+        launches = None
+    return {"steps": steps, "kernel_ms_per_step": round(kernel_us / 1000 / steps, 4),
+            "kernel_time": "device kernels" if device == "cuda" else "CPU ops' self time (profiler)",
+            "graph_launches_per_step": None if launches is None else round(launches / steps, 2)}
+
+
+def make_step_timer(device: str, profile_from: int | None = None):
     """A TrainerCallback that times each optimizer step from the previous step's end, device synchronized; with
-    `attach(trainer)` it also times the pieces of the step path on the host (HostClock)."""
+    `attach(trainer)` it also times the pieces of the step path on the host (HostClock). With `profile_from`, steps
+    `profile_from` to `profile_from + PROFILED_STEPS - 1` also run under torch.profiler (`profile`)."""
     import torch
     from transformers import TrainerCallback
 
@@ -464,6 +509,9 @@ def make_step_timer(device: str):
             self._epoch_start: float | None = None
             self.host = HostClock()
             self._trainer = None
+            self.profile: dict | None = None
+            self.profiled: set[int] = set()  # steps run under the profiler, left out of the step times
+            self._profiler = None
 
         def attach(self, trainer) -> None:
             self._trainer = trainer
@@ -481,6 +529,13 @@ def make_step_timer(device: str):
             self._last = time.perf_counter()
 
         def on_step_begin(self, args, state, control, **kwargs):
+            if profile_from is not None and state.global_step + 1 == profile_from and state.is_world_process_zero:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if device == "cuda":
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                self._profiler = torch.profiler.profile(activities=activities)
+                self._profiler.__enter__()
+                self._busy_before = set(self.busy)
             self.between.append(time.perf_counter() - self._last)
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -490,6 +545,15 @@ def make_step_timer(device: str):
             self.waits.append(now - waiting)
             self.times.append(now - self._last)
             self._last = now
+            if self._profiler is not None:
+                self.profiled.add(state.global_step)  # the profiler's overhead is not a steady step's time
+            if self._profiler is not None and state.global_step == profile_from + PROFILED_STEPS - 1:
+                self._profiler.__exit__(None, None, None)
+                inside = {step for step in self.busy - self._busy_before if step < state.global_step}
+                self.profile = {**profile_summary(self._profiler, PROFILED_STEPS, device),
+                                "first_step": profile_from, "evaluation_or_save_inside": sorted(inside)}
+                self._profiler = None
+                self._last = time.perf_counter()  # the profiler's own teardown is not the next step's time
 
         def on_epoch_end(self, args, state, control, **kwargs):
             synchronize()
@@ -522,9 +586,10 @@ def steady_state(times: list[float], busy: set[int], skip: int = WARMUP_STEPS) -
 
 def write_timing(path: Path, timer, collator: PaddingTally, batch_size: int, extra: dict) -> dict:
     """The figures the benchmark reads back from a run (rank 0 writes them)."""
-    figures = steady_state(timer.times, timer.busy)
-    between = steady_state(timer.between, timer.busy)["median_step_seconds"]
-    wait = steady_state(timer.waits, timer.busy)["median_step_seconds"]
+    left_out = timer.busy | timer.profiled
+    figures = steady_state(timer.times, left_out)
+    between = steady_state(timer.between, left_out)["median_step_seconds"]
+    wait = steady_state(timer.waits, left_out)["median_step_seconds"]
     median = figures["median_step_seconds"]
     tokens_per_row = collator.useful_tokens / collator.rows if collator.rows else math.nan
     padded_per_row = collator.padded_tokens / collator.rows if collator.rows else math.nan
@@ -543,6 +608,7 @@ def write_timing(path: Path, timer, collator: PaddingTally, batch_size: int, ext
         "median_between_steps_seconds": between,
         "median_device_wait_seconds": wait,
         "host_pieces": timer.host.summary(len(timer.times)),
+        "profile": timer.profile,
         **extra,
     }
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from common.cli_types import non_negative_int, positive_int
 from training import ID2LABEL, LABEL2ID, LABELS
+from training.cuda_graphs import MODES, GraphConflict
 from training.data import DataError, DataSource, check_files, load_splits
 from training.tiny import LOCAL_MODELS, NARROW_BASE_MODEL_NAME, TINY_MODEL_NAME
 
@@ -52,6 +53,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a probability from 0 up to (not including) 1, got {text}")
     return value
 
 
@@ -123,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=_positive_float, default=1e-5)
     train.add_argument("--per-device-train-batch-size", type=positive_int, default=16)
     train.add_argument("--per-device-eval-batch-size", type=positive_int, default=16)
+    train.add_argument("--gradient-accumulation-steps", type=positive_int, default=1,
+                       help="micro-batches per optimizer step (above 1 needs a compile mode without CUDA graphs)")
     train.add_argument("--warmup-steps", type=float, default=0, help="steps, or a fraction of all steps if < 1")
     train.add_argument("--weight-decay", type=float, default=0.0)
     train.add_argument("--save-total-limit", type=positive_int, default=2, help="checkpoints kept on disk")
@@ -134,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
         "validation macro recall improves, which is all the best model needs; epoch: after every epoch",
     )
     train.add_argument("--seed", type=int, default=42)
+    train.add_argument("--dropout", type=_probability,
+                       help="every dropout of the model (hidden, attention, classifier) set to this probability "
+                       "(default: the model's own; 0 makes two runs comparable step by step, as make bench-train's "
+                       "--loss-check does)")
 
     speed = parser.add_argument_group("PyTorch 2 speed-ups (each one is dropped where the hardware lacks it)")
     speed.add_argument(
@@ -157,11 +171,27 @@ def build_parser() -> argparse.ArgumentParser:
         "guards without code generation (tests)",
     )
     speed.add_argument(
+        "--torch-compile-mode",
+        choices=MODES,
+        default="auto",
+        help="auto: reduce-overhead on a CUDA GPU (the compiled forward and backward recorded as CUDA graphs and "
+        "replayed with one launch each, for a step bound by the host), inductor's default elsewhere; "
+        "training/cuda_graphs.py says what the graphs rule out",
+    )
+    speed.add_argument(
         "--step-timing",
         type=Path,
         metavar="FILE",
         help="write step times (device synchronized at each step end), padding and compile counts to FILE as JSON "
         "(make bench-train reads it)",
+    )
+    speed.add_argument(
+        "--profile-from",
+        type=non_negative_int,
+        default=0,
+        metavar="STEP",
+        help="with --step-timing: run steps STEP to STEP+4 under torch.profiler and write the kernel time per step "
+        "and the CUDA graph launches (0: no profile)",
     )
     speed.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     speed.add_argument(
@@ -348,6 +378,19 @@ def _load_model(args, train_texts: list[str]):
     return tokenizer, model
 
 
+def set_dropout(model, probability: float) -> None:
+    """Every dropout module of the model at `probability`, and its config saying so. RoBERTa's attention reads its
+    dropout module's `p` at each call (transformers 5.20 `modeling_roberta.py`), so setting the modules is enough."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = probability
+    for key in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+        if hasattr(model.config, key):
+            setattr(model.config, key, probability)
+
+
 def _encode(tokenizer, split: dict[str, list], max_length: int):
     """Token ids truncated to max_length, unpadded (the collator pads each batch), as a datasets.Dataset."""
     from datasets import Dataset
@@ -364,7 +407,7 @@ def _without_prefix(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {key[len(prefix) + 1 :]: value for key, value in metrics.items() if key.startswith(prefix + "_")}
 
 
-def _training_arguments(args, speed, checkpoint_dir: Path):
+def _training_arguments(args, speed, checkpoint_dir: Path, compile_mode: str | None):
     """The recipe's Trainer settings with transformers 5.x names, and the speed-ups this machine runs."""
     from transformers import TrainingArguments
 
@@ -402,7 +445,9 @@ def _training_arguments(args, speed, checkpoint_dir: Path):
         # The training process collates (a worker's batch costs it more to receive: training/speed.py).
         **step_path.data_loader(args.dataloader_workers),
         torch_compile_backend=args.torch_compile_backend if speed.torch_compile else None,
+        torch_compile_mode=compile_mode,
         torch_compile=speed.torch_compile,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
         bf16=speed.bf16,
         tf32=speed.tf32,
         optim=hardware.optimizer_name(speed),
@@ -445,9 +490,14 @@ def train(args) -> dict:
         if threads:
             torch.set_num_threads(threads)
 
+    from training import cuda_graphs
+
+    compile_mode = cuda_graphs.resolve_mode(args.torch_compile_mode, speed.device, speed.torch_compile)
+    cuda_graphs.check(compile_mode, backend=args.torch_compile_backend,
+                      gradient_accumulation_steps=args.gradient_accumulation_steps, learning_rate=args.learning_rate)
     # Our one-line summary below replaces transformers' own CPU warning about torch.compile.
     with _quiet("transformers.training_args", speed.device == "cpu"):
-        training_args = _training_arguments(args, speed, checkpoint_dir)
+        training_args = _training_arguments(args, speed, checkpoint_dir, compile_mode)
     transformers.set_seed(args.seed)
 
     # Rank 0 downloads and validates first; the others then read the cache.
@@ -455,8 +505,11 @@ def train(args) -> dict:
         splits = limit_splits(load_splits(source), args.max_train_samples, args.max_eval_samples, args.seed)
         tokenizer, model = _load_model(args, splits["train"]["text"])
     hardware.batch_mean_loss(model)  # else DDP multiplies loss and gradients by the number of processes
+    if args.dropout is not None:
+        set_dropout(model, args.dropout)
     # Logged once the inputs are known to be good, so a bad argument gives a single error line.
-    LOG.info("%s; %d CPU threads", speed.summary(), torch.get_num_threads())
+    LOG.info("%s; %s; %d CPU threads", speed.summary(), cuda_graphs.describe(compile_mode, speed.device),
+             torch.get_num_threads())
     versions = _versions()
     drift = version_drift(versions)
     if drift:
@@ -479,17 +532,20 @@ def train(args) -> dict:
         # The tokenizer ran in this process already; forked workers (which only collate) would each warn about it.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # The timer synchronizes the device at every step end: only a benchmark run (--step-timing) pays for that.
-    timer = step_path.make_step_timer(speed.device) if args.step_timing else None
-    trainer = step_path.recipe_trainer(train_collator)(
-        model=model,
-        args=training_args,
-        train_dataset=encoded["train"],
-        eval_dataset=encoded["validation"],
-        processing_class=tokenizer,
-        data_collator=step_path.BucketCollator(tokenizer.pad_token_id, lengths),
-        compute_metrics=compute_metrics,
-        callbacks=[timer] if timer else None,
-    )
+    timer = (step_path.make_step_timer(speed.device, profile_from=args.profile_from if args.profile_from else None)
+             if args.step_timing else None)
+    with cuda_graphs.dynamo_plugin_environment(speed.torch_compile):  # full graph, static shapes
+        trainer = step_path.recipe_trainer(train_collator)(
+            model=model,
+            args=training_args,
+            train_dataset=encoded["train"],
+            eval_dataset=encoded["validation"],
+            processing_class=tokenizer,
+            data_collator=step_path.BucketCollator(tokenizer.pad_token_id, lengths),
+            compute_metrics=compute_metrics,
+            callbacks=[timer] if timer else None,
+        )
+    trainer.graph_outputs_reused = cuda_graphs.records_graphs(compile_mode)
     if timer:
         timer.attach(trainer)  # times the pieces of the step path on the host too
     padding = trainer.padding  # the training batches' shapes and padding, tallied in this process
@@ -499,7 +555,8 @@ def train(args) -> dict:
     if "test" in encoded:
         test = _without_prefix(trainer.evaluate(encoded["test"], metric_key_prefix="test"), "test")
     # After the final evaluations too: they run the uncompiled model and must add no graphs.
-    compiled = step_path.compile_record() if speed.torch_compile else None
+    compiled = ({**step_path.compile_record(), "mode": compile_mode or "default",
+                 "cuda_graphs": cuda_graphs.record(compile_mode, speed.device)} if speed.torch_compile else None)
 
     trainer.save_model(str(output_dir))  # every rank calls it; only the main process writes
     if trainer.is_world_process_zero():
@@ -552,6 +609,7 @@ def train(args) -> dict:
             "global_train_batch_size": args.per_device_train_batch_size * training_args.world_size,
             "bf16": speed.bf16,
             "torch_compile": speed.torch_compile,
+            "torch_compile_mode": compile_mode,
             "fused_adamw": speed.fused_adamw,
             "tf32": accelerator["tf32"],
             "turned_off": speed.turned_off,
@@ -610,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging()
         start = time.perf_counter()
         metrics = train(args)
-    except (DataError, UsageError) as error:
+    except (DataError, UsageError, GraphConflict) as error:
         _error(str(error))
         return 2
     from training import hardware

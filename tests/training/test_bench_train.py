@@ -125,7 +125,7 @@ def test_bench_train_runs_plain_and_optimized_through_torchrun(tmp_path, capsys)
     out = tmp_path / "bench.json"
     code = bench_train.main(["--repeat", "1", "--only", "plain,optimized+buckets", "--no-bare-loop",
                              "--compile-backend", "eager", "--max-length", "32", "--bucket-size", "8",
-                             "--work-dir", str(tmp_path / "work"), "--json", str(out)])
+                             "--loss-check", "--work-dir", str(tmp_path / "work"), "--json", str(out)])
     printed = capsys.readouterr().out
     assert code == 0, printed
     figures = json.loads(out.read_text())
@@ -148,6 +148,16 @@ def test_bench_train_runs_plain_and_optimized_through_torchrun(tmp_path, capsys)
     assert "host ms per step" in printed and "next batch" in printed
     rows = [line.split()[0] for line in printed.splitlines() if line.startswith(("plain ", "optimized+buckets "))]
     assert rows == ["plain", "optimized+buckets"], printed
+    # What proves a step device-bound, as a CPU can say it: the profiler's op time beside the step, no CUDA graphs.
+    for name, run in (("plain", plain), ("optimized+buckets", buckets)):
+        assert run["profile"]["kernel_ms_per_step"] > 0 and run["profile"]["steps"] == 5
+        assert f"{name}: step " in printed
+    assert printed.count("CUDA graphs: n/a on CPU") == 2
+    assert "6 x non-embedding parameters + 12 x layers x width x sequence" in printed
+    # The loss check: 50 steps with dropout off, eager and compiled (Dynamo's eager backend here), agree.
+    check = figures["loss_check"]
+    assert check["passed"] and [run["steps"] for run in check["runs"]] == [50, 50]
+    assert "loss check after 50 steps, dropout off" in printed and printed.rstrip().endswith(": pass")
 
 
 def test_the_report_shows_the_trainer_step_against_the_bare_loop_step_and_the_host_pieces():

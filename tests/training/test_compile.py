@@ -1,4 +1,5 @@
-"""The recipe's torch.compile path through the Trainer, on the CPU (the first compile takes about a minute)."""
+"""The recipe's torch.compile path through the Trainer, on the CPU (the first compile takes about a minute), in the
+mode a GPU runs (reduce-overhead: CUDA graphs, which a CPU skips)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ def test_compiled_training_saves_a_model_that_reloads(tmp_path):
     from training import train_sentiment
 
     output = tmp_path / "model"
-    argv = sample_args(output, "--torch-compile", "--max-steps", "3", "--max-length", "16")
+    # The GPU's mode (CUDA graphs) through inductor: on a CPU, inductor compiles and skips the graphs for CPU tensors.
+    argv = sample_args(output, "--torch-compile", "--torch-compile-mode", "reduce-overhead", "--max-steps", "3",
+                       "--max-length", "16")
     assert train_sentiment.main(argv) == 0
     metrics = json.loads((output / "metrics.json").read_text())
     assert metrics["effective"]["torch_compile"] is True
+    assert metrics["effective"]["torch_compile_mode"] == metrics["compile"]["mode"] == "reduce-overhead"
+    graphs = metrics["compile"]["cuda_graphs"]
+    # inductor counted the graphs it did not record (torch's own counter): the mode reached it, and a CPU has none.
+    assert graphs["applies"] is False and graphs["why"] == "n/a on CPU" and graphs["skips"] >= 1, graphs
     with safe_open(output / "model.safetensors", framework="pt") as weights:
         keys = list(weights.keys())
     assert keys and not any("_orig_mod" in key for key in keys), "compiled wrapper leaked into the weights"

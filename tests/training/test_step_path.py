@@ -189,7 +189,7 @@ def test_the_training_process_collates_unless_workers_are_asked_for(tmp_path):
         plan = hardware.Plan(device=device, bf16=False, torch_compile=False, fused_adamw=False, tf32=None)
         for flags, workers in (([], 0), (["--dataloader-workers", "3"], 3)):
             args = train_sentiment.build_parser().parse_args(["--no-torch-compile", *flags])
-            made = train_sentiment._training_arguments(args, plan, tmp_path)
+            made = train_sentiment._training_arguments(args, plan, tmp_path, None)
             assert made.dataloader_num_workers == workers and made.dataloader_persistent_workers == (workers > 0)
             assert made.dataloader_pin_memory == (device == "cuda")
 
