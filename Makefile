@@ -164,6 +164,17 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 bench-train: install-dev  ## plain vs optimized through the Trainer (torchrun), samples/s, useful tokens/s, compiles, MFU (HELP=1)
 	$(PY) -m training.bench_train $(if $(HELP),--help,$(ARGS))
 
+# The GPU check (training/device_check.sh) runs where nothing can be fetched: the training packages the device image
+# lacks or holds at other versions travel as wheels (Python 3.12, x86_64) in .whl/, which the device tool carries.
+DEVICE_WHEELS := transformers==5.20.0 accelerate==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+  fsspec==2026.9.0
+.PHONY: device-wheels
+device-wheels:  ## the wheels training/device_check.sh installs on a lent GPU machine, into .whl/ (needs PyPI)
+	python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  --platform any -d .whl $(DEVICE_WHEELS)
+	@ls .whl
+
 # make precision-gate MODEL=<model dir>; RANDOM=roberta-base gates a random-weight RoBERTa-base built on the spot.
 .PHONY: precision-gate
 precision-gate: install-dev  ## the accuracy gate's figures (torch fp32, bf16, int8; ONNX Runtime fp32, int8) for MODEL, or RANDOM=roberta-base
