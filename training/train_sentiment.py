@@ -534,7 +534,7 @@ def train(args) -> dict:
     # The timer synchronizes the device at every step end: only a benchmark run (--step-timing) pays for that.
     timer = (step_path.make_step_timer(speed.device, profile_from=args.profile_from if args.profile_from else None)
              if args.step_timing else None)
-    with cuda_graphs.dynamo_plugin_environment(speed.torch_compile):  # full graph, static shapes
+    with cuda_graphs.dynamo_plugin_environment(speed.torch_compile, training_args.world_size):  # static shapes
         trainer = step_path.recipe_trainer(train_collator)(
             model=model,
             args=training_args,
@@ -695,4 +695,8 @@ def _finish(args, metrics: dict, start: float) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    from training import hardware
+
+    hardware.exit_process(status)  # a worker of a distributed group ends here (hardware.exit_process says why)
+    sys.exit(status)

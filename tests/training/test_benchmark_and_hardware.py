@@ -214,3 +214,22 @@ def test_a_lone_torchrun_process_on_a_cpu_drops_the_variables_that_make_accelera
     assert hardware.lone_cpu_process("cpu", {**launched, "WORLD_SIZE": "2"}) == ()  # a real group keeps DDP
     assert hardware.lone_cpu_process("cuda", launched) == ()  # accelerate does not wrap one GPU process
     assert hardware.lone_cpu_process("cpu", {}) == ()
+
+
+def test_a_worker_of_a_distributed_group_ends_without_interpreter_shutdown(monkeypatch, capsys):
+    """hardware.exit_process: gloo's worker thread can free a tensor during interpreter shutdown and abort the
+    process, so a worker of several ends with os._exit once its output is flushed; a lone process returns."""
+    ended = []
+
+    def fake_exit(status):
+        ended.append(status)
+        raise SystemExit(status)
+
+    monkeypatch.setattr(hardware.os, "_exit", fake_exit)
+    hardware.exit_process(0, {"WORLD_SIZE": "1"})
+    hardware.exit_process(0, {})
+    assert ended == []
+    print("last line", end="")
+    with pytest.raises(SystemExit):
+        hardware.exit_process(3, {"WORLD_SIZE": "2"})
+    assert ended == [3] and capsys.readouterr().out == "last line"
