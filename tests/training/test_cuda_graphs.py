@@ -68,10 +68,17 @@ def test_the_trainer_compiles_with_the_mode_full_graph_and_static_shapes(tmp_pat
     arguments = TrainingArguments(output_dir=str(tmp_path), torch_compile_mode="reduce-overhead", use_cpu=True,
                                   report_to="none")
     before = {name: os.environ.get(name) for name in (cuda_graphs.FULLGRAPH_VARIABLE, cuda_graphs.DYNAMIC_VARIABLE)}
-    with cuda_graphs.dynamo_plugin_environment(True):
+    with cuda_graphs.dynamo_plugin_environment(True, world_size=1):
         trainer = Trainer(model=model, args=arguments)
     assert trainer.accelerator.state.dynamo_plugin.to_kwargs() == {
         "backend": "inductor", "mode": "reduce-overhead", "fullgraph": True, "dynamic": False}
+    # Several processes: DDP's wrapper breaks the graph by design (tests/training/test_distributed.py compiles it).
+    arguments = TrainingArguments(output_dir=str(tmp_path), torch_compile_mode="reduce-overhead", use_cpu=True,
+                                  report_to="none")  # new arguments: accelerate's state starts again
+    with cuda_graphs.dynamo_plugin_environment(True, world_size=8):
+        trainer = Trainer(model=model, args=arguments)
+    assert trainer.accelerator.state.dynamo_plugin.to_kwargs() == {
+        "backend": "inductor", "mode": "reduce-overhead", "dynamic": False}
     assert {name: os.environ.get(name) for name in before} == before  # nothing left behind in the process
 
 

@@ -2,7 +2,8 @@
 
 transformers 5.20's Trainer multiplied a sequence classifier's loss by the number of processes (see
 training.hardware.batch_mean_loss): two processes logged 2.2 where one logged ln 3 = 1.10. The learning
-rate is tiny so both runs evaluate the same, untrained model and every metric must agree.
+rate is tiny so both runs evaluate the same, untrained model and every metric must agree. Both runs are compiled as
+the p4d's processes are (Dynamo, full graph, static shapes), so DDP and the compiled step are checked together.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ def _args(output_dir, per_device_batch: int) -> list[str]:
         "--max-steps", "2",
         "--learning-rate", "1e-9",
         "--per-device-train-batch-size", str(per_device_batch),
-        "--no-torch-compile", "--no-bf16",
+        # Compiled as the p4d's 8 processes compile (full graph, static shapes), with Dynamo's eager backend: Dynamo
+        # splits the DDP-wrapped graph at its gradient buckets (DDPOptimizer). CUDA graphs do not apply on a CPU; with
+        # DDP on several GPUs they are a documented risk (pytorch#128218) that only a multi-GPU run can show.
+        "--torch-compile", "--torch-compile-backend", "eager", "--no-bf16",
     ]  # fmt: skip
 
 
@@ -55,6 +59,9 @@ def runs(tmp_path_factory):
 def test_two_processes_report_the_losses_and_metrics_of_one(runs):
     single, double, _ = runs
     assert (single["effective"]["world_size"], double["effective"]["world_size"]) == (1, 2)
+    # Both compiled, DDP's wrapper included: Dynamo made graphs in the two-process run and recompiled nothing.
+    assert double["effective"]["torch_compile"] and double["compile"]["unique_graphs"] >= 1
+    assert double["compile"]["recompiles"] == 0, double["compile"]["recompile_reasons"]
     assert single["effective"]["global_train_batch_size"] == double["effective"]["global_train_batch_size"] == 16
     # An untrained 3-class classifier's cross-entropy is ln 3; the bug doubled it.
     assert single["train_loss"] == pytest.approx(1.0986, abs=0.02)
