@@ -85,20 +85,6 @@ def _cdk(args: list[str], outdir: Path) -> subprocess.CompletedProcess:
 
 
 @needs_cli
-def test_cdk_synth_prod_works_offline_without_credentials(tmp_path):
-    context_file = REPO_ROOT / "cdk.context.json"
-    before = context_file.read_text() if context_file.exists() else None
-    result = _cdk(["-c", "env=prod"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    stacks = sorted(a["displayName"] for a in manifest["artifacts"].values()
-                    if a["type"] == "aws:cloudformation:stack")
-    assert stacks == ["mlrecipes-prod-artifacts", "mlrecipes-prod-network", "mlrecipes-prod-operations"]
-    after = context_file.read_text() if context_file.exists() else None
-    assert after == before and (after is None or json.loads(after) == {}), "synth cached a lookup"
-
-
-@needs_cli
 def test_cdk_synth_with_a_bad_override_fails_with_one_clear_line(tmp_path):
     result = _cdk(["-c", "falcon.tensor_parallel_degree=three"], tmp_path)
     assert result.returncode != 0
@@ -135,8 +121,18 @@ def test_cfn_lint_finds_no_errors(synthesized):
 
 
 @needs_cli
-def test_cdk_synth_of_the_pipeline_works_offline(tmp_path):
+def test_cdk_synth_of_the_pipeline_and_its_prod_stage_works_offline_without_credentials(tmp_path):
+    """The CLI's whole path with no AWS (offline_env): the pipeline, and in it prod's stacks, synthesized by one
+    `cdk synth` (prod's own stacks through `app_main` and `synthesized` are tested in this process)."""
+    context_file = REPO_ROOT / "cdk.context.json"
+    before = context_file.read_text() if context_file.exists() else None
     result = _cdk(["-c", "pipeline.enabled=true", "mlrecipes-pipeline"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "mlrecipes-pipeline.template.json").exists()
-    assert (tmp_path / "assembly-mlrecipes-pipeline-prod" / "manifest.json").exists()
+    manifest = json.loads((tmp_path / "assembly-mlrecipes-pipeline-prod" / "manifest.json").read_text())
+    stacks = sorted(a["displayName"] for a in manifest["artifacts"].values()
+                    if a["type"] == "aws:cloudformation:stack")
+    assert stacks == [f"mlrecipes-pipeline/prod/mlrecipes-prod-{name}" for name in ("artifacts", "network",
+                                                                                     "operations")]
+    after = context_file.read_text() if context_file.exists() else None
+    assert after == before and (after is None or json.loads(after) == {}), "synth cached a lookup"
