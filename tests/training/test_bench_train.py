@@ -205,3 +205,24 @@ def test_narrow_base_has_roberta_base_structure_at_the_tiny_width_in_both_loops(
     assert len(list(tiny.build_model(tokenizer, max_length=16).parameters())) < base_tensors
     # Every model bench_train offers has a bare loop of the same shape.
     assert set(bench_train.BARE_LOOP_SIZES) == set(tiny.LOCAL_MODELS)
+
+
+def test_a_failed_variant_is_reported_and_the_others_still_run(monkeypatch, tmp_path, capsys):
+    """On a lent GPU a CUDA graph skip is an error (TORCHINDUCTOR_CUDAGRAPH_OR_ERROR): that variant's failure must not
+    cost the figures of the others, and the exit status says something failed."""
+    tried = []
+
+    def launch(variant, *args):
+        tried.append(variant.name)
+        raise RuntimeError(f"{variant.name}: train_sentiment exited with 1\nskipping cudagraphs due to ...")
+
+    monkeypatch.setattr(bench_train, "launch", launch)
+    out = tmp_path / "bench.json"
+    code = bench_train.main(["--only", "plain,optimized", "--no-bare-loop", "--loss-check", "--json", str(out),
+                             "--work-dir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert tried == ["plain", "optimized", "loss-check-eager"]  # every variant tried; the loss check stops at one
+    assert "FAILED: plain" in captured.out and "FAILED: loss check" in captured.out
+    assert "skipping cudagraphs" in captured.err
+    assert set(json.loads(out.read_text())["failed"]) == {"plain", "optimized", "loss check"}
