@@ -48,14 +48,19 @@ class GraphConflict(ValueError):
     """A combination that CUDA graphs would replay wrongly; one line that names the settings."""
 
 
-def resolve_mode(requested: str, device: str, torch_compile: bool) -> str | None:
-    """The torch.compile mode a run uses: None for inductor's default (or no compile at all)."""
+def resolve_mode(requested: str, device: str, torch_compile: bool, world_size: int = 1) -> str | None:
+    """The torch.compile mode a run uses: None for inductor's default (or no compile at all).
+
+    "auto" records CUDA graphs for one process on a CUDA GPU only. Several processes (the p4d's 8) keep inductor's
+    default until a multi-GPU run has measured them: DDP's wrapper and CUDA graphs together are a documented risk
+    (pytorch#128218) that one GPU and CPUs cannot show. `--torch-compile-mode reduce-overhead` asks for them anyway.
+    """
     if requested not in MODES:
         raise GraphConflict(f"--torch-compile-mode {requested!r} is not one of: {', '.join(MODES)}")
     if not torch_compile:
         return None
     if requested == "auto":
-        return "reduce-overhead" if device == "cuda" else None
+        return "reduce-overhead" if device == "cuda" and world_size == 1 else None
     return None if requested == "default" else requested
 
 

@@ -174,9 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--torch-compile-mode",
         choices=MODES,
         default="auto",
-        help="auto: reduce-overhead on a CUDA GPU (the compiled forward and backward recorded as CUDA graphs and "
-        "replayed with one launch each, for a step bound by the host), inductor's default elsewhere; "
-        "training/cuda_graphs.py says what the graphs rule out",
+        help="auto: reduce-overhead in one process on a CUDA GPU (the compiled forward and backward recorded as CUDA "
+        "graphs and replayed with one launch each, for a step bound by the host), inductor's default elsewhere, "
+        "several GPUs included until measured; training/cuda_graphs.py says what the graphs rule out",
     )
     speed.add_argument(
         "--step-timing",
@@ -492,7 +492,8 @@ def train(args) -> dict:
 
     from training import cuda_graphs
 
-    compile_mode = cuda_graphs.resolve_mode(args.torch_compile_mode, speed.device, speed.torch_compile)
+    compile_mode = cuda_graphs.resolve_mode(args.torch_compile_mode, speed.device, speed.torch_compile,
+                                            int(os.environ.get("WORLD_SIZE", "1")))
     cuda_graphs.check(compile_mode, backend=args.torch_compile_backend,
                       gradient_accumulation_steps=args.gradient_accumulation_steps, learning_rate=args.learning_rate)
     # Our one-line summary below replaces transformers' own CPU warning about torch.compile.

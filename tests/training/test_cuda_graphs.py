@@ -11,16 +11,18 @@ from tests.training.conftest import sample_args
 from training import bench_train, cuda_graphs
 
 
-@pytest.mark.parametrize(("requested", "device", "compiled", "expected"), [
-    ("auto", "cuda", True, "reduce-overhead"),
-    ("auto", "cpu", True, None),
-    ("auto", "cuda", False, None),
-    ("default", "cuda", True, None),
-    ("max-autotune", "cpu", True, "max-autotune"),
-    ("max-autotune-no-cudagraphs", "cuda", True, "max-autotune-no-cudagraphs"),
+@pytest.mark.parametrize(("requested", "device", "compiled", "world_size", "expected"), [
+    ("auto", "cuda", True, 1, "reduce-overhead"),
+    ("auto", "cuda", True, 8, None),  # the p4d's DDP: not until a multi-GPU run has measured it
+    ("reduce-overhead", "cuda", True, 8, "reduce-overhead"),
+    ("auto", "cpu", True, 1, None),
+    ("auto", "cuda", False, 1, None),
+    ("default", "cuda", True, 1, None),
+    ("max-autotune", "cpu", True, 1, "max-autotune"),
+    ("max-autotune-no-cudagraphs", "cuda", True, 1, "max-autotune-no-cudagraphs"),
 ])  # fmt: skip
-def test_auto_means_cuda_graphs_on_a_gpu_only(requested, device, compiled, expected):
-    mode = cuda_graphs.resolve_mode(requested, device, compiled)
+def test_auto_means_cuda_graphs_in_one_process_on_a_gpu_only(requested, device, compiled, world_size, expected):
+    mode = cuda_graphs.resolve_mode(requested, device, compiled, world_size)
     assert mode == expected
     assert cuda_graphs.records_graphs(mode) is (expected in ("reduce-overhead", "max-autotune"))
 
