@@ -303,7 +303,8 @@ def device_bound(results: dict[str, dict]) -> list[str]:
         per_shape = (f"; graphs per training shape {compiled['unique_graphs'] / shapes:.1f}"
                      if compiled.get("unique_graphs") is not None and shapes else "")
         if not profile or not profile.get("kernel_ms_per_step"):
-            lines.append(f"{name}: no profile; {graph_note}{per_shape}")
+            why = f" ({profile['error']})" if profile and profile.get("error") else ""
+            lines.append(f"{name}: no profile{why}; {graph_note}{per_shape}")
             continue
         step_ms = timing["median_step_seconds"] * 1000
         ratio = step_ms / profile["kernel_ms_per_step"]

@@ -533,8 +533,12 @@ def make_step_timer(device: str, profile_from: int | None = None):
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if device == "cuda":
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
-                self._profiler = torch.profiler.profile(activities=activities)
-                self._profiler.__enter__()
+                # A profiler that cannot start (CUPTI busy or missing) costs the figure, not the run.
+                try:
+                    self._profiler = torch.profiler.profile(activities=activities)
+                    self._profiler.__enter__()
+                except RuntimeError as error:
+                    self._profiler, self.profile = None, {"error": f"{type(error).__name__}: {error}"[:300]}
                 self._busy_before = set(self.busy)
             self.between.append(time.perf_counter() - self._last)
 
@@ -548,10 +552,13 @@ def make_step_timer(device: str, profile_from: int | None = None):
             if self._profiler is not None:
                 self.profiled.add(state.global_step)  # the profiler's overhead is not a steady step's time
             if self._profiler is not None and state.global_step == profile_from + PROFILED_STEPS - 1:
-                self._profiler.__exit__(None, None, None)
                 inside = {step for step in self.busy - self._busy_before if step < state.global_step}
-                self.profile = {**profile_summary(self._profiler, PROFILED_STEPS, device),
-                                "first_step": profile_from, "evaluation_or_save_inside": sorted(inside)}
+                try:
+                    self._profiler.__exit__(None, None, None)
+                    self.profile = {**profile_summary(self._profiler, PROFILED_STEPS, device),
+                                    "first_step": profile_from, "evaluation_or_save_inside": sorted(inside)}
+                except RuntimeError as error:
+                    self.profile = {"error": f"{type(error).__name__}: {error}"[:300]}
                 self._profiler = None
                 self._last = time.perf_counter()  # the profiler's own teardown is not the next step's time
 

@@ -185,6 +185,11 @@ def test_the_report_calls_a_step_device_bound_only_within_1_2x_of_its_kernels():
                         "device-bound); CUDA graphs: 2.0 replays per step, 0 skipped; graphs per training shape 1.0")
     assert "(3.22x: host-bound (over 1.2x)); CUDA graphs: off (no)" in lines[1]
     assert "a CPU's op time, not a device's kernels); CUDA graphs: n/a on CPU" in lines[2]
+    # A profiler that could not start costs the figure, and says why.
+    broken = {**_timing("cuda", 11.0, 10.0, graphs), "profile": {"error": "RuntimeError: CUPTI busy"}}
+    assert bench_train.device_bound({"optimized": broken}) == [
+        "optimized: no profile (RuntimeError: CUPTI busy); CUDA graphs: n/a replays per step, 0 skipped; graphs per "
+        "training shape 1.0"]
 
 
 def test_the_bare_loop_refuses_graphs_with_a_backend_that_records_none(capsys):
@@ -212,3 +217,23 @@ def test_a_profiled_trainer_run_writes_the_kernel_time_and_leaves_those_steps_ou
     assert profile["first_step"] == 11 and profile["steps"] == 5 and profile["kernel_ms_per_step"] > 0
     assert profile["graph_launches_per_step"] is None and profile["kernel_time"].startswith("CPU")
     assert figures["steps"] == 16 and figures["steps_measured"] == 1  # step 16 alone
+
+
+def test_a_profiler_that_cannot_start_costs_the_figure_not_the_run(tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    from training import train_sentiment
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+
+    monkeypatch.setattr(torch.profiler, "profile", refuse)
+    timing = tmp_path / "timing.json"
+    argv = sample_args(tmp_path / "model", "--max-steps", "12", "--step-timing", str(timing), "--profile-from", "11",
+                       "--max-train-samples", "200")
+    assert train_sentiment.main(argv) == 0
+    figures = json.loads(timing.read_text())
+    assert figures["profile"] == {"error": "RuntimeError: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED"}
+    assert figures["steps"] == 12 and figures["steps_measured"] == 2  # steps 11 and 12 were not profiled after all
