@@ -165,9 +165,10 @@ bench-train: install-dev  ## plain vs optimized through the Trainer (torchrun), 
 	$(PY) -m training.bench_train $(if $(HELP),--help,$(ARGS))
 
 # The GPU check (training/device_check.sh) runs where nothing can be fetched: the training packages the device image
-# lacks or holds at other versions travel as wheels (Python 3.12, x86_64) in .whl/, which the device tool carries.
-DEVICE_WHEELS := transformers==5.20.0 accelerate==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-  fsspec==2026.9.0
+# lacks or holds at other versions travel as wheels (Python 3.12, x86_64) in .whl/, which the device tool carries,
+# at the versions our pins name.
+DEVICE_WHEELS := $(shell grep -hE '^(transformers|accelerate|datasets|dill|multiprocess|fsspec)==' \
+  training/requirements.txt constraints.txt | sort -u)
 .PHONY: device-wheels
 device-wheels:  ## the wheels training/device_check.sh installs on a lent GPU machine, into .whl/ (needs PyPI)
 	python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -64,9 +64,11 @@ class Variant:
 
 
 def variants(compile_backend: str, cold: bool, compile_mode: str = "auto") -> list[Variant]:
-    plain = ("--no-torch-compile", "--no-bf16", "--no-fused-adamw", "--no-tf32")
+    # Each benchmark variant profiles 5 steady steps for its kernel time (the loss check's runs need none).
+    profile = ("--profile-from", str(WARMUP_STEPS + 1))
+    plain = ("--no-torch-compile", "--no-bf16", "--no-fused-adamw", "--no-tf32", *profile)
     fast = ("--torch-compile", "--torch-compile-backend", compile_backend, "--torch-compile-mode", compile_mode,
-            "--bf16", "--fused-adamw")
+            "--bf16", "--fused-adamw", *profile)
     optimized = ([Variant("optimized (cold cache)", fast, "max-length", "cold"),
                   Variant("optimized (warm cache)", fast, "max-length", "warm")] if cold
                  else [Variant("optimized", fast, "max-length", "as found")])
@@ -189,7 +191,6 @@ def launch(variant: Variant, args, model: str, train_file: Path, work: Path, cac
         "--per-device-train-batch-size", str(args.batch_size), "--per-device-eval-batch-size", str(args.batch_size),
         "--num-train-epochs", str(args.epochs), "--learning-rate", "1e-3" if model == "tiny" else "1e-5",
         "--seed", "42", "--step-timing", str(timing), "--dataloader-workers", str(args.dataloader_workers),
-        "--profile-from", str(WARMUP_STEPS + 1),
         *variant.flags,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",

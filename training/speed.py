@@ -512,6 +512,7 @@ def make_step_timer(device: str, profile_from: int | None = None):
             self.profile: dict | None = None
             self.profiled: set[int] = set()  # steps run under the profiler, left out of the step times
             self._profiler = None
+            self._busy_before: set[int] = set()  # the busy steps when the profile began
 
         def attach(self, trainer) -> None:
             self._trainer = trainer

@@ -20,8 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from common.cli_types import non_negative_int, positive_int
-from training import ID2LABEL, LABEL2ID, LABELS
-from training.cuda_graphs import MODES, GraphConflict
+from training import ID2LABEL, LABEL2ID, LABELS, cuda_graphs
 from training.data import DataError, DataSource, check_files, load_splits
 from training.tiny import LOCAL_MODELS, NARROW_BASE_MODEL_NAME, TINY_MODEL_NAME
 
@@ -172,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     speed.add_argument(
         "--torch-compile-mode",
-        choices=MODES,
+        choices=cuda_graphs.MODES,
         default="auto",
         help="auto: reduce-overhead in one process on a CUDA GPU (the compiled forward and backward recorded as CUDA "
         "graphs and replayed with one launch each, for a step bound by the host), inductor's default elsewhere, "
@@ -490,10 +489,9 @@ def train(args) -> dict:
         if threads:
             torch.set_num_threads(threads)
 
-    from training import cuda_graphs
-
-    compile_mode = cuda_graphs.resolve_mode(args.torch_compile_mode, speed.device, speed.torch_compile,
-                                            int(os.environ.get("WORLD_SIZE", "1")))
+    # torchrun's (left out above for a lone CPU process): what the compile mode and the Trainer's plugin depend on.
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    compile_mode = cuda_graphs.resolve_mode(args.torch_compile_mode, speed.device, speed.torch_compile, world_size)
     cuda_graphs.check(compile_mode, backend=args.torch_compile_backend,
                       gradient_accumulation_steps=args.gradient_accumulation_steps, learning_rate=args.learning_rate)
     # Our one-line summary below replaces transformers' own CPU warning about torch.compile.
@@ -533,9 +531,8 @@ def train(args) -> dict:
         # The tokenizer ran in this process already; forked workers (which only collate) would each warn about it.
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # The timer synchronizes the device at every step end: only a benchmark run (--step-timing) pays for that.
-    timer = (step_path.make_step_timer(speed.device, profile_from=args.profile_from if args.profile_from else None)
-             if args.step_timing else None)
-    with cuda_graphs.dynamo_plugin_environment(speed.torch_compile, training_args.world_size):  # static shapes
+    timer = step_path.make_step_timer(speed.device, args.profile_from or None) if args.step_timing else None
+    with cuda_graphs.dynamo_plugin_environment(speed.torch_compile, world_size):  # static shapes
         trainer = step_path.recipe_trainer(train_collator)(
             model=model,
             args=training_args,
@@ -669,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging()
         start = time.perf_counter()
         metrics = train(args)
-    except (DataError, UsageError, GraphConflict) as error:
+    except (DataError, UsageError, cuda_graphs.GraphConflict) as error:
         _error(str(error))
         return 2
     from training import hardware
