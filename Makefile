@@ -38,13 +38,13 @@ help:  ## list the targets
 UV_VERSION := 0.13.9
 UV := build/uv/bin/uv
 FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell python3 -m pip config get global.find-links 2>/dev/null))
-# COMPILE (uv's --compile-bytecode) on the last install into a venv the tests run: uv then compiles that venv's whole
-# site-packages once, in parallel (about 20 s for .venv). Where PYTHONDONTWRITEBYTECODE is set, as on this project's
-# machines and CI, nothing is cached at import, so every process the tests start compiled torch and transformers
-# again: `from transformers import Trainer` took 12 CPU-s, 5 with the bytecode (2-vCPU Xeon; docs/figures.md).
-# `make synth` alone does not compile: its one Python process would spend more compiling than it saves.
-COMPILE := --compile-bytecode
-UV_INSTALL = $(UV) pip install --quiet $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+# Every install compiles what it installs to bytecode (uv's --compile-bytecode; pip does this by default, uv not).
+# uv compiles only the packages of that one install, not the rest of the venv: with the flag on the last install
+# alone, a fresh clone's .venv-image kept torch and .venv kept aws_cdk as source. Where PYTHONDONTWRITEBYTECODE is
+# set, as on this project's machines and CI, nothing is cached at import, so every process compiled them again:
+# `from transformers import Trainer` took 12 CPU-s, 5 with bytecode; importing the stacks 3.6, 1.0 with bytecode
+# (2-vCPU Xeon; docs/figures.md). The cost is about 15 CPU-s on the first `make synth`, repaid by its second.
+UV_INSTALL = $(UV) pip install --quiet --compile-bytecode $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 
 $(UV):
 	python3 -m venv build/uv
@@ -58,11 +58,11 @@ $(VENV)/.runtime: $(PY) requirements.txt constraints.txt
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.runtime requirements-dev.txt training/requirements.txt constraints.txt
-	$(UV_INSTALL) $(COMPILE) --python $(PY) -r requirements-dev.txt -c constraints.txt
+	$(UV_INSTALL) --python $(PY) -r requirements-dev.txt -c constraints.txt
 	touch $@
 
 $(VENV)/.infra: $(VENV)/.runtime requirements-infra.txt constraints.txt
-	$(UV_INSTALL) $(COMPILE) --python $(PY) -r requirements-infra.txt -c constraints.txt
+	$(UV_INSTALL) --python $(PY) -r requirements-infra.txt -c constraints.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -215,7 +215,7 @@ $(IMAGE_VENV)/.installed: $(IMAGE_LOCKS) | $(UV)
 	test -x $(IMAGE_VENV)/bin/python || $(UV) venv --quiet --python python3 $(IMAGE_VENV)
 	$(UV_INSTALL) --python $(IMAGE_VENV)/bin/python --require-hashes --no-deps \
 	  $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) -r $(IMAGE_DIR)/torch.lock
-	$(UV_INSTALL) $(COMPILE) --python $(IMAGE_VENV)/bin/python --require-hashes --no-deps --only-binary :all: \
+	$(UV_INSTALL) --python $(IMAGE_VENV)/bin/python --require-hashes --no-deps --only-binary :all: \
 	  -r $(IMAGE_DIR)/requirements.lock
 	$(UV) pip check --quiet --python $(IMAGE_VENV)/bin/python
 	touch $@
