@@ -1,7 +1,7 @@
 """`make test`'s one pytest run over pytest-xdist workers (tests/stop_signals.py): a CI time-out (SIGTERM to pytest)
 or Ctrl-C (SIGINT) still runs every test's teardown, where the servers it started stop; a failure on any worker
 fails the run. Run on a small project of its own, with real pytest processes. And the groups tests/conftest.py gives
-xdist."""
+xdist, and the order it hands them out in."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import CDK_GROUP, REPO_ROOT, xdist_group
+from tests.conftest import CDK_GROUP, LONGEST_GROUPS, REPO_ROOT, longest_groups_first, xdist_group
 
 INI = """
 [pytest]
@@ -96,3 +96,28 @@ def test_a_module_stays_on_one_worker_and_the_in_process_cdk_modules_share_one()
     assert xdist_group("tests/training/test_sagemaker_entry.py") == "tests/training/test_sagemaker_entry.py"
     for module in ("tests/test_sentiment_stack.py", "tests/test_cli.py", "tests/test_patch_windows.py"):
         assert xdist_group(module) == CDK_GROUP, module  # `synthesized`, app.main in-process
+
+
+def test_each_of_the_longest_groups_names_a_group_of_the_suite():
+    """A renamed or regrouped module would silently fall back to xdist's order: each entry must still be a group."""
+    assert len(set(LONGEST_GROUPS)) == len(LONGEST_GROUPS)
+    for group in LONGEST_GROUPS:
+        assert group == CDK_GROUP or ((REPO_ROOT / group).is_file() and xdist_group(group) == group), group
+
+
+def test_the_longest_groups_are_handed_out_first_in_their_order_and_the_rest_as_collected():
+    class Item:
+        def __init__(self, nodeid: str):
+            self.nodeid = nodeid
+
+    collected = [Item(nodeid) for nodeid in (
+        "tests/common/test_processes.py::test_a", "tests/inference/test_server.py::test_a",
+        "tests/test_sentiment_stack.py::test_a", "tests/training/test_compile.py::test_a",
+        "tests/inference/test_server.py::test_b", "tests/loadtest/test_http.py::test_a",
+        "tests/training/test_bench_train.py::test_a")]
+    longest_groups_first(collected)
+    assert [item.nodeid for item in collected] == [
+        "tests/test_sentiment_stack.py::test_a", "tests/training/test_bench_train.py::test_a",
+        "tests/training/test_compile.py::test_a", "tests/inference/test_server.py::test_a",
+        "tests/inference/test_server.py::test_b", "tests/common/test_processes.py::test_a",
+        "tests/loadtest/test_http.py::test_a"]
