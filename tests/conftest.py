@@ -151,6 +151,11 @@ LONGEST_GROUPS = (
     "tests/inference/test_benchmark_server.py",  # 25 s
     "tests/falcon_benchmark/test_benchmark.py",  # 15 s
     "tests/inference/test_signals.py",  # 15 s
+    "tests/training/test_train.py",  # 12 s
+    "tests/training/test_distributed.py",  # 12 s
+    "tests/inference/test_precision.py",  # 11 s
+    "tests/training/test_quiet_first_commands.py",  # 11 s
+    "tests/loadtest/test_streaming.py",  # 10 s
 )
 
 
