@@ -120,7 +120,9 @@ def training_request(config: TrainingSettings, resources: Resources) -> dict:
                         # NCCL over EFA between instances: the image's aws-ofi-nccl (/opt/amazon/ofi-nccl/lib64,
                         # on its LD_LIBRARY_PATH) with NCCL from the pip wheel. FI_PROVIDER and RDMA are set per
                         # instance type by training.sagemaker_entry, as SageMaker's own torchrun driver does.
-                        "NCCL_NET_PLUGIN": "ofi"},
+                        "NCCL_NET_PLUGIN": "ofi",
+                        # The endpoint's instance type: the int8 graph gets the weights its CPU needs.
+                        "SERVE_ON": resources.inference_instance_type},
     }
     if config.spot:
         request["EnableManagedSpotTraining"] = True

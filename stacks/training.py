@@ -116,6 +116,8 @@ class TrainingStack(EnvironmentStack):
             "INFERENCE_CODE_URL": inference_code.s3_object_url,
             "MAX_HOURS": str(config.max_hours),
             "TRAIN_ARGS": train_args(config),
+            # The sentiment endpoint's instance type: the int8 graph gets the weights its CPU needs.
+            "SERVE_ON": settings.sentiment.instance_type,
             **({"NVME_MOUNT": NVME_MOUNT} if has_instance_storage(config.instance_type) else {}),
         }))
         self.instance = ec2.Instance(

@@ -236,6 +236,13 @@ def test_the_job_starts_through_the_images_entrypoint_with_the_ofi_plugin(defini
     assert definition["Steps"][0]["Arguments"]["Environment"]["NCCL_NET_PLUGIN"] == "ofi"
 
 
+def test_the_job_makes_the_int8_graph_for_the_endpoints_instance_type(definition):
+    from training.sagemaker_entry import SERVE_ON_ENV
+
+    environment = definition["Steps"][0]["Arguments"]["Environment"]
+    assert environment[SERVE_ON_ENV] == settings_from_context({}).sentiment.instance_type
+
+
 def test_same_trainer_flags_as_the_ec2_backend(definition):
     from stacks.training import train_args
 

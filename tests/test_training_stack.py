@@ -80,6 +80,7 @@ def test_user_data_steps_run_in_order(synthesized):
     assert "set -euo pipefail" in script
     assert "export MAX_HOURS=6\n" in script
     assert "export RUN_ID=run-0001\n" in script
+    assert "export SERVE_ON=ml.c7g.4xlarge\n" in script  # the endpoint's instance type: its CPU's int8 weights
     assert "--num-train-epochs 10 --learning-rate 1e-05 --per-device-train-batch-size 16" in script
     expected_order = [
         "trap finish EXIT",

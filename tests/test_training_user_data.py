@@ -83,6 +83,7 @@ VALUES = {
     "INFERENCE_CODE_URL": "s3://cdk-assets/inference.zip",
     "MAX_HOURS": "6",
     "TRAIN_ARGS": "--num-train-epochs 10 --learning-rate 1e-05",
+    "SERVE_ON": "ml.c7g.4xlarge",
 }
 
 PREFIX = "s3://artifact-bucket/models/sentiment/run-0042"
@@ -273,6 +274,8 @@ def test_the_image_entrypoint_gets_the_commands_as_argument_lists(tmp_path):
     package = calls[_index(calls, "container python|")].split("|")
     assert package[1:4] == ["-m", "training.package", "--model-dir"]
     assert "--wheelhouse" not in package  # our image carries the handler's packages (issue 43)
+    # The int8 graph gets the weights the endpoint's CPU needs (issue 44): one argument after the flag.
+    assert package[package.index("--serve-on") + 1] == "ml.c7g.4xlarge"
 
 
 def test_efa_devices_go_to_the_container_when_the_instance_has_them(tmp_path):

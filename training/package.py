@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from inference.sentiment import int8_target
 from training import LABELS
 
 PROG = "python -m training.package"
@@ -175,9 +176,11 @@ def build(
     gate_rounds: int | None = None,
     progress: Callable[[str], None] | None = None,
     onnx: bool = True,
+    serve_on: str = int8_target.DEFAULT_TARGET,
 ) -> list[str]:
     """Check the inputs, export to ONNX and run the precision gate, write the archive to a temporary file, check
-    it, then move it. `handler`: a SageMaker PyTorch toolkit handler, shipped as code/inference.py."""
+    it, then move it. `handler`: a SageMaker PyTorch toolkit handler, shipped as code/inference.py. `serve_on`: the
+    endpoint's instance type (or `this-cpu`), for which the int8 graph's weights are made."""
     check_model_dir(model_dir)
     if handler is not None and not handler.is_file():
         raise PackageError(f"--handler {handler}: no such file")
@@ -195,7 +198,7 @@ def build(
     try:
         onnx_dir = Path(scratch.name) / ONNX_DIR
         if gate and onnx:
-            export_onnx(model_dir, onnx_dir, progress)
+            export_onnx(model_dir, onnx_dir, progress, serve_on)
         record = precision_record(model_dir, gate_rounds, progress, onnx_dir if gate and onnx else None,
                                   onnx=onnx) if gate else None
         with tarfile.open(temporary, "w:gz") as archive:
@@ -215,12 +218,14 @@ def build(
     return names
 
 
-def export_onnx(model_dir: Path, onnx_dir: Path, progress: Callable[[str], None] | None) -> dict:
-    """The model's ONNX graphs (fp32, int8) and export.json into `onnx_dir`; a failed export is recorded there and
-    logged in one line, and the model serves on torch (`inference.sentiment.onnx_export`)."""
+def export_onnx(model_dir: Path, onnx_dir: Path, progress: Callable[[str], None] | None,
+                serve_on: str = int8_target.DEFAULT_TARGET) -> dict:
+    """The model's ONNX graphs (fp32, and int8 with the weights `serve_on`'s CPU needs) and export.json into
+    `onnx_dir`; a failed export is recorded there and logged in one line, and the model serves on torch
+    (`inference.sentiment.onnx_export`)."""
     from inference.sentiment import onnx_export
 
-    return onnx_export.export(model_dir, onnx_dir, progress=progress)
+    return onnx_export.export(model_dir, onnx_dir, int8_target=int8_target.resolve(serve_on), progress=progress)
 
 
 def precision_record(model_dir: Path, rounds: int | None, progress: Callable[[str], None] | None,
@@ -261,6 +266,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-onnx", action="store_true",
                         help="no ONNX export: the gate measures torch's pairs only (the export takes about 15 s for "
                              "RoBERTa-base on 2 vCPUs)")
+    parser.add_argument("--serve-on", default=int8_target.DEFAULT_TARGET, metavar="INSTANCE_TYPE",
+                        help="the endpoint's SageMaker instance type, whose CPU decides the int8 graph's weights "
+                             "(8-bit on Graviton and x86 with VNNI, 7-bit on other x86), or "
+                             f"{int8_target.THIS_CPU} for a model served on this machine")
     return parser
 
 
@@ -270,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.gate_rounds is not None and args.gate_rounds < 1:
         parser.error(f"--gate-rounds {args.gate_rounds}: must be at least 1")
     try:
+        int8_target.resolve(args.serve_on)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
         names = build(
             args.model_dir,
             args.output,
@@ -278,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             gate_rounds=args.gate_rounds,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
             onnx=not args.skip_onnx,
+            serve_on=args.serve_on,
         )
     except PackageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)

@@ -35,7 +35,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference.sentiment.int8_target import DEFAULT_TARGET as DEFAULT_SERVE_ON
+
 PROG = "python -m training.sagemaker_entry"
+# The endpoint's instance type, set by the pipeline (stacks/sagemaker_training.py): its CPU decides the int8 weights.
+SERVE_ON_ENV = "SERVE_ON"
 ROOT = Path(__file__).resolve().parent.parent
 RESOURCE_CONFIG = Path("/opt/ml/input/config/resourceconfig.json")
 INPUT_DATA = Path("/opt/ml/input/data")
@@ -177,9 +181,11 @@ def torchrun_command(cluster: Cluster, train_args: list[str], *, model_dir: Path
     ]  # fmt: skip
 
 
-def make_hostable(model_dir: Path, *, gate: bool = True, gate_rounds: int | None = None) -> None:
-    """Add the accuracy gate's precision.json and the ONNX graphs to the finished model dir, so SageMaker's
-    model.tar.gz is what the endpoint loads and carries the same record as an archive from `training.package`."""
+def make_hostable(model_dir: Path, *, gate: bool = True, gate_rounds: int | None = None,
+                  serve_on: str = DEFAULT_SERVE_ON) -> None:
+    """Add the accuracy gate's precision.json and the ONNX graphs (int8 weights for `serve_on`, the endpoint's
+    instance type) to the finished model dir, so SageMaker's model.tar.gz is what the endpoint loads and carries the
+    same record as an archive from `training.package`."""
     from training import package
 
     package.check_model_dir(model_dir)
@@ -187,7 +193,7 @@ def make_hostable(model_dir: Path, *, gate: bool = True, gate_rounds: int | None
     shutil.rmtree(model_dir / package.ONNX_DIR, ignore_errors=True)  # made afresh, like the record
     if gate:
         say = lambda line: print(line, flush=True)  # noqa: E731
-        package.export_onnx(model_dir, model_dir / package.ONNX_DIR, say)
+        package.export_onnx(model_dir, model_dir / package.ONNX_DIR, say, serve_on)
         record = package.precision_record(model_dir, gate_rounds, say, model_dir / package.ONNX_DIR)
     for name in (*package.SKIPPED_FILES, package.PRECISION_RECORD):
         (model_dir / name).unlink(missing_ok=True)
@@ -212,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write no precision.json (the endpoint then serves fp32); the accuracy gate runs on "
                              "this instance's CPU after training")
     parser.add_argument("--gate-rounds", type=int, help="timed rounds per precision in the gate (default: the gate's)")
+    parser.add_argument("--serve-on", default=os.environ.get(SERVE_ON_ENV, DEFAULT_SERVE_ON), metavar="INSTANCE_TYPE",
+                        help=f"the endpoint's instance type, whose CPU decides the int8 graph's weights (default: "
+                             f"${SERVE_ON_ENV}, which the pipeline sets to sentiment.instance_type)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then training.train_sentiment flags")
     return parser
 
@@ -250,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cluster.is_main_node:
         return 0  # only global rank 0 (on node 0) writes the model
     try:
-        make_hostable(args.model_dir, gate=not args.skip_gate, gate_rounds=args.gate_rounds)
+        make_hostable(args.model_dir, gate=not args.skip_gate, gate_rounds=args.gate_rounds, serve_on=args.serve_on)
     except package.PackageError as error:
         return _fail(args.output_dir, f"the trained model is not hostable: {error}", 3)
     metrics = args.model_dir / METRICS_FILE

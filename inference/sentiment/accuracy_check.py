@@ -41,7 +41,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from inference.sentiment import cpu_features, onnx_engine
+from inference.sentiment import cpu_features, int8_target, onnx_engine
 from inference.sentiment import precision as precisions
 from inference.sentiment.server import config as server_config
 
@@ -171,6 +171,8 @@ def _machine() -> dict:
         pass
     bf16 = cpu_features.this_cpu()
     described = {"machine": platform.machine(), "cpu": cpu, "bf16_instructions": bf16.available,
+                 # 7 where this CPU's int8 kernel saturates 8-bit weights (inference.sentiment.int8_target)
+                 "int8_weight_bits": int8_target.resolve(int8_target.THIS_CPU).weight_bits,
                  "threads": torch.get_num_threads(), "torch": torch.__version__,
                  # As torch loaded it: a gate run inside training.package keeps the training process's policy.
                  "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
@@ -248,6 +250,12 @@ def report(record: dict) -> list[str]:
                          + ("" if difference is None else f"; fp32 graph's largest logit difference from torch "
                                                           f"{difference:.1e}") + ")"
                          + "".join(f"; {name} failed: {why}" for name, why in exported.get("errors", {}).items()))
+            made = exported.get("int8") or {}
+            if "weight_bits" in made:
+                lines.append(f"int8 graph: {made['weight_bits']}-bit weights for {made['target']} ({made['why']})")
+                if made["weight_bits"] > gate["measured_on"].get("int8_weight_bits", made["weight_bits"]):
+                    lines.append("  (this CPU's int8 kernel saturates 8-bit weights: onnx-int8's figures here are "
+                                 "worse than on the CPU the graph is made for)")
     lines.append(f"chosen: {record['precision']} ({precisions.label(record['precision'])}, the fastest that passed)")
     if record["gate"]["measured_on"].get("bf16_instructions") is False:
         lines.append("  (bf16 not chosen here: this CPU has no bf16 instructions)")
@@ -274,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-export", action="store_true",
                         help="measure torch's pairs only when the model directory has no onnx/ graphs (default: "
                              "export them into a temporary folder first)")
+    parser.add_argument("--serve-on", default=int8_target.THIS_CPU, metavar="INSTANCE_TYPE",
+                        help="when exporting: the CPU the int8 graph's weights are made for (an instance type, e.g. "
+                             f"{int8_target.DEFAULT_TARGET}, or {int8_target.THIS_CPU}, whose figures these are)")
     parser.add_argument("--require", choices=precisions.PRECISIONS,
                         help="exit 1 unless this precision passes the gate")
     parser.add_argument("--json", action="store_true", help="print the record (precision.json) instead of lines")
@@ -289,6 +300,10 @@ def _positive(parser: argparse.ArgumentParser, args) -> None:
         parser.error(f"--min-agreement {args.min_agreement}: must be between 0 and 1")
     if args.tolerance < 0:
         parser.error(f"--tolerance {args.tolerance}: must be at least 0")
+    try:
+        int8_target.resolve(args.serve_on)
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,7 +347,8 @@ def _gate_command(argv: list[str] | None) -> int:
                 from inference.sentiment import onnx_export
 
                 onnx_dir = Path(scratch) / "exported-onnx"
-                onnx_export.export(model_dir, onnx_dir, progress=progress)
+                onnx_export.export(model_dir, onnx_dir, int8_target=int8_target.resolve(args.serve_on),
+                                   progress=progress)
         record = gate_record(model_dir, min_agreement=args.min_agreement, tolerance=args.tolerance,
                              batch_size=args.batch_size, rounds=args.rounds, threads=args.threads,
                              progress=progress, onnx_dir=onnx_dir, wanted=wanted)

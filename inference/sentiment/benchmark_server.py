@@ -62,6 +62,7 @@ from pathlib import Path
 
 from common import processes
 from common.cli_types import non_negative_int, positive_int
+from inference.sentiment import int8_target
 from inference.sentiment.precision import PRECISIONS
 
 PROG = "python -m inference.sentiment.benchmark_server"
@@ -492,7 +493,7 @@ def run(args, model_dir: Path, workdir: Path) -> int:
         f"server with {threads} thread(s) each; load average {os.getloadavg()[0]:.2f}")
     archives = {"server": workdir / "model.tar.gz", "toolkit": workdir / "pipeline.tar.gz"}
     say("packaging model.tar.gz (training.package, which runs the accuracy gate) ...")
-    package.build(model_dir, archives["server"], progress=say)
+    package.build(model_dir, archives["server"], progress=say, serve_on=int8_target.THIS_CPU)  # served here
     if args.mode == "compare" and not args.no_toolkit:
         package.build(model_dir, archives["toolkit"], handler=BASELINE_HANDLER, gate=False)
 

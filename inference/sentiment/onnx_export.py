@@ -16,10 +16,11 @@ How:
   training mode would turn the model's dropout back on (a reference computed after such an export differs from
   the graph by the dropout noise, which once looked like a wrong export).
 - int8: ONNX Runtime's recommended pre-processing (`quant_pre_process`: symbolic shape inference, graph
-  optimisation, ONNX shape inference), then `quantize_dynamic(..., weight_type=QuantType.QInt8, reduce_range=True)`:
-  int8 weights (7-bit range: `REDUCE_RANGE`), activations quantised per batch at run time. Symbolic shape
-  inference runs with `auto_merge`; if it still fails the pre-processing is retried without it (recorded in
-  export.json's `int8.pre_process`).
+  optimisation, ONNX shape inference), then `quantize_dynamic(..., weight_type=QuantType.QInt8, reduce_range=...)`:
+  int8 weights, activations quantised per batch at run time. The weights are 8-bit, or 7-bit where the serving CPU's
+  int8 kernel saturates (`inference.sentiment.int8_target`: x86 without VNNI); the packaging step names the serving
+  CPU, and export.json's `int8` says which weights were made and for which target. Symbolic shape inference runs
+  with `auto_merge`; if it still fails the pre-processing is retried without it (recorded in `int8.pre_process`).
 - check: the fp32 graph is run once by ONNX Runtime on the export's own example batch and its largest logit
   difference from torch recorded (`fp32_max_logit_difference`); the gate's figures are what decide.
 
@@ -39,6 +40,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from inference.sentiment.int8_target import Int8Target
 from inference.sentiment.onnx_engine import GRAPHS, MANIFEST, OUTPUT, import_runtime
 
 LOG = logging.getLogger(__name__)
@@ -47,13 +49,6 @@ EXPORTER = "torch.onnx.export (TorchScript-based, dynamo=False)"
 # Texts of different lengths, so the example batch carries padding and a real attention mask.
 EXAMPLE_TEXTS = ("An example text to trace the graph with, long enough to need some padding next to it.", "Short.")
 EXAMPLE_MAX_TOKENS = 16
-# 7-bit int8 weights. ONNX Runtime's guidance (onnxruntime 1.32.0, onnxruntime/quantization/quantize.py,
-# quantize_static's "Choosing parameters for CPU inference"): x86 without VNNI should use reduce_range=True, because
-# its u8 x s8 kernel (VPMADDUBSW) can saturate; VNNI and Arm do not need it. The graph is made once, at package
-# time, and its gate result must hold on whatever CPU serves it (the record's accuracy is CPU-independent), so it is
-# made safe for all: the trained tiny model's int8 moved a probability by 0.0733 (FAIL) with 8-bit weights on a
-# Zen 2 (AVX2, no VNNI), by 0.0182 (PASS) with 7-bit.
-REDUCE_RANGE = True
 
 Progress = Callable[[str], None]
 
@@ -126,15 +121,18 @@ def export_fp32(model, tokenizer, path: Path) -> tuple[list[str], float]:
     return used, float(numpy.abs(logits - reference.numpy()).max())
 
 
-def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
-    """Pre-process as ONNX Runtime recommends, then dynamic int8 with QInt8 weights; returns what was done."""
+def quantize_int8(fp32_path: Path, path: Path, scratch: Path, target: Int8Target) -> dict:
+    """Pre-process as ONNX Runtime recommends, then dynamic int8 with QInt8 weights of the target's width; returns
+    what was done."""
     quantization = import_runtime("onnxruntime.quantization")
     QuantType, quantize_dynamic = quantization.QuantType, quantization.quantize_dynamic
     quant_pre_process = import_runtime("onnxruntime.quantization.shape_inference").quant_pre_process
 
     fp32_path, path, scratch = Path(fp32_path).resolve(), Path(path).resolve(), Path(scratch).resolve()
     prepared = scratch / "model.pre.onnx"
-    done = {"method": f"quantize_dynamic(weight_type=QInt8, reduce_range={REDUCE_RANGE}) after quant_pre_process"}
+    done = {"method": f"quantize_dynamic(weight_type=QInt8, reduce_range={target.reduce_range}) after "
+                      "quant_pre_process",
+            "weight_bits": target.weight_bits, "target": target.target, "why": target.why}
     # In the scratch folder: symbolic shape inference that gives up saves its partial model as
     # sym_shape_infer_temp.onnx plus external data files into the current directory (onnxruntime 1.32.0,
     # onnxruntime/tools/symbolic_shape_infer.py, SymbolicShapeInference.infer_shapes).
@@ -147,13 +145,14 @@ def quantize_int8(fp32_path: Path, path: Path, scratch: Path) -> dict:
         except Exception as error:
             done["pre_process"] = f"quant_pre_process(skip_symbolic_shape=True) after {_short(error)}"
             quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
-        quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8, reduce_range=REDUCE_RANGE)
+        quantize_dynamic(str(prepared), str(path), weight_type=QuantType.QInt8, reduce_range=target.reduce_range)
     return done
 
 
-def export(model_dir: Path, onnx_dir: Path, *, progress: Progress | None = None) -> dict:
-    """Export `model_dir`'s classifier into `onnx_dir` (fp32 and int8 graphs, and export.json); returns the
-    manifest. Never raises for the model's sake: a failure is recorded (`error` / `errors`) and logged."""
+def export(model_dir: Path, onnx_dir: Path, *, int8_target: Int8Target, progress: Progress | None = None) -> dict:
+    """Export `model_dir`'s classifier into `onnx_dir` (fp32 and int8 graphs, the int8 weights made for
+    `int8_target`, and export.json); returns the manifest. Never raises for the model's sake: a failure is recorded
+    (`error` / `errors`) and logged."""
     say = progress or (lambda line: None)
     onnx_dir = Path(onnx_dir)
     onnx_dir.mkdir(parents=True, exist_ok=True)
@@ -182,11 +181,12 @@ def export(model_dir: Path, onnx_dir: Path, *, progress: Progress | None = None)
         LOG.warning("onnx export of %s failed, the model serves on torch: %s", model_dir, manifest["error"])
         return manifest
     say(f"onnx: fp32 graph written ({fp32_path.stat().st_size / 2**20:.1f} MiB, largest logit difference from "
-        f"torch {difference:.2e}); quantizing to int8")
+        f"torch {difference:.2e}); quantizing to int8 with {int8_target.weight_bits}-bit weights for "
+        f"{int8_target.target} ({int8_target.why})")
     int8_path = onnx_dir / GRAPHS["onnx-int8"]
     with tempfile.TemporaryDirectory(prefix="onnx-quant-") as scratch:
         try:
-            manifest["int8"] = quantize_int8(fp32_path, int8_path, Path(scratch))
+            manifest["int8"] = quantize_int8(fp32_path, int8_path, Path(scratch), int8_target)
             manifest["graphs"]["onnx-int8"] = GRAPHS["onnx-int8"]
         except Exception as error:
             int8_path.unlink(missing_ok=True)

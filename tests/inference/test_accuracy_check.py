@@ -43,3 +43,24 @@ def test_the_gate_times_torch_under_the_servers_openmp_policy(model_dir):
     assert record["speed"]["measured_on"]["omp_wait_policy"] == "PASSIVE"
     assert config.torch_runtime_defaults({})["OMP_WAIT_POLICY"] == "PASSIVE"
     assert config.torch_runtime_defaults({"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_report_says_which_int8_weights_were_made_for_which_cpu_and_when_this_cpu_understates_them():
+    from inference.sentiment import precision as precisions
+
+    made = {"method": "quantize_dynamic(weight_type=QInt8, reduce_range=False) after quant_pre_process",
+            "weight_bits": 8, "target": "ml.c7g.4xlarge", "why": "c7g is Graviton (Arm): ..."}
+    exported = {"exporter": "torch.onnx.export", "opset": 17, "versions": {"onnxruntime": "1.32.0"},
+                "graphs": {"onnx-fp32": "model.fp32.onnx", "onnx-int8": "model.int8.onnx"}, "errors": {},
+                "seconds": 1.0, "int8": made}
+    lines = {}
+    for bits in (8, 7):  # the weights this packaging CPU would need: 7 where its int8 kernel saturates
+        measured_on = {"machine": "x86_64", "cpu": "a CPU", "bf16_instructions": False, "threads": 2,
+                       "torch": "2.13.0", "int8_weight_bits": bits}
+        record = precisions.make_record([precisions.Figures("fp32", 1.0, 0.0, 10.0)], texts=114, sample=["x"],
+                                        batch_texts=16, rounds=1, measured_on=measured_on, onnx_export=exported)
+        lines[bits] = accuracy_check.report(record)
+    assert "int8 graph: 8-bit weights for ml.c7g.4xlarge (c7g is Graviton (Arm): ...)" in lines[8]
+    assert not any("saturates" in line for line in lines[8])
+    assert ("  (this CPU's int8 kernel saturates 8-bit weights: onnx-int8's figures here are worse than on the CPU "
+            "the graph is made for)") in lines[7]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.sentiment import accuracy_check, onnx_engine, onnx_export
+from inference.sentiment import accuracy_check, int8_target, onnx_engine, onnx_export
 from inference.sentiment import precision as precisions
 from inference.sentiment.cpu_features import Bf16Support, this_cpu
 from inference.sentiment.precision import Figures, PrecisionRefused
@@ -82,9 +82,12 @@ def exported_dir(model_dir, tmp_path_factory) -> Path:
     """The tiny RoBERTa with its onnx/ graphs beside it, as an archive made by training.package carries them."""
     directory = tmp_path_factory.mktemp("exported") / "model"
     shutil.copytree(model_dir, directory)
-    manifest = onnx_export.export(directory, directory / onnx_engine.ONNX_DIR)
+    manifest = onnx_export.export(directory, directory / onnx_engine.ONNX_DIR, int8_target=GRAVITON)
     assert set(manifest["graphs"]) == set(precisions.ONNX_PRECISIONS), manifest
     return directory
+
+
+GRAVITON = int8_target.for_instance_type(int8_target.DEFAULT_TARGET)
 
 
 def write_record(directory: Path, figures: list[Figures], measured_on: dict | None = None) -> None:
@@ -106,7 +109,7 @@ def test_each_architecture_exports_with_dynamic_axes_and_its_onnx_pairs_pass_the
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     directory = build_tiny(architecture, tmp_path / architecture, model_dir)
-    manifest = onnx_export.export(directory, directory / "onnx")
+    manifest = onnx_export.export(directory, directory / "onnx", int8_target=GRAVITON)
     assert manifest.get("error") is None and manifest["errors"] == {}, manifest
     assert set(manifest["graphs"]) == {"onnx-fp32", "onnx-int8"}
     assert manifest["versions"]["onnxruntime"] == "1.32.0" and manifest["opset"] == 17
@@ -128,6 +131,32 @@ def test_each_architecture_exports_with_dynamic_axes_and_its_onnx_pairs_pass_the
     assert figures["onnx-int8"].error is None and figures["onnx-int8"].ms_per_batch > 0
 
 
+def _int8_weight_range(graph: Path) -> tuple[int, int]:
+    """The smallest and largest int8 value over the graph's int8 initializers (the quantized weights)."""
+    import onnx
+    from onnx import numpy_helper
+
+    values = [numpy_helper.to_array(tensor) for tensor in onnx.load(str(graph)).graph.initializer
+              if tensor.data_type == onnx.TensorProto.INT8 and tensor.dims]
+    assert values, f"{graph}: no int8 weights"
+    return min(int(value.min()) for value in values), max(int(value.max()) for value in values)
+
+
+def test_the_int8_graph_has_8_bit_weights_for_graviton_and_7_bit_for_x86_without_vnni(model_dir, tmp_path):
+    """What ONNX Runtime's quantizer wrote, read back from the graphs: an archive for ml.c7g carries full-range
+    weights; one for ml.c5 (may land on Skylake, no VNNI) keeps them within 7 bits."""
+    graphs = {}
+    for instance_type in ("ml.c7g.4xlarge", "ml.c5.xlarge"):
+        target = int8_target.for_instance_type(instance_type)
+        manifest = onnx_export.export(model_dir, tmp_path / instance_type, int8_target=target)
+        assert manifest["int8"]["weight_bits"] == target.weight_bits and manifest["int8"]["target"] == instance_type
+        assert f"reduce_range={target.reduce_range})" in manifest["int8"]["method"]
+        graphs[instance_type] = _int8_weight_range(tmp_path / instance_type / onnx_engine.GRAPHS["onnx-int8"])
+    # Symmetric int8 weights: the full range reaches +-127; the reduced one stops at +-64 (ONNX Runtime's 7-bit).
+    assert max(map(abs, graphs["ml.c7g.4xlarge"])) == 127, graphs
+    assert max(map(abs, graphs["ml.c5.xlarge"])) <= 64, graphs
+
+
 def test_int8_pre_processing_falls_back_without_symbolic_shapes_and_leaves_no_files_behind(model_dir, tmp_path,
                                                                                           monkeypatch):
     """Without auto_merge ONNX Runtime's symbolic shape inference gives up on DistilBERT's graph and dumps its
@@ -144,7 +173,7 @@ def test_int8_pre_processing_falls_back_without_symbolic_shapes_and_leaves_no_fi
     workdir = tmp_path / "cwd"
     workdir.mkdir()
     monkeypatch.chdir(workdir)
-    manifest = onnx_export.export(directory, directory / "onnx")
+    manifest = onnx_export.export(directory, directory / "onnx", int8_target=GRAVITON)
     assert set(manifest["graphs"]) == {"onnx-fp32", "onnx-int8"}, manifest
     assert manifest["int8"]["pre_process"] == ("quant_pre_process(skip_symbolic_shape=True) after Exception: "
                                                "Incomplete symbolic shape inference")

@@ -22,6 +22,9 @@ def test_layout_matches_the_serving_container(trained, tmp_path, capsys):
     assert package.main(["--model-dir", str(trained.output_dir), "--output", str(output), "--gate-rounds", "1"]) == 0
     out = capsys.readouterr().out
     assert "wrote" in out and "accuracy gate on" in out and "chosen: " in out
+    # The default endpoint is a c7g: the int8 graph's weights are made for Graviton, and the report says so.
+    assert ("int8 graph: 8-bit weights for ml.c7g.4xlarge (c7g is Graviton (Arm): int8 dot products accumulate in "
+            "int32, 8-bit weights)") in out
     infos = members(output)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in infos, name
@@ -164,6 +167,16 @@ def test_refuses_a_model_without_tokenizer(trained, tmp_path, capsys):
     model = copy_model(trained, tmp_path)
     (model / "tokenizer_config.json").unlink()
     refuse(model, tmp_path, capsys, "no tokenizer_config.json")
+
+
+def test_refuses_a_serving_target_that_is_not_an_instance_type(trained, tmp_path, capsys):
+    output = tmp_path / "model.tar.gz"
+    with pytest.raises(SystemExit) as stopped:
+        package.main(["--model-dir", str(trained.output_dir), "--output", str(output), "--serve-on", "c7g.large"])
+    assert stopped.value.code == 2
+    assert "--serve-on 'c7g.large': not a SageMaker instance type such as ml.c7g.4xlarge, nor 'this-cpu'" in \
+        capsys.readouterr().err
+    assert not output.exists()
 
 
 def test_refuses_an_output_that_is_not_tar_gz(trained, tmp_path, capsys):

@@ -57,6 +57,9 @@ def _env(root: Path, host: str, port: int) -> dict[str, str]:
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
         "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+        # The pipeline sets the endpoint's instance type (stacks/sagemaker_training.py); an x86 one without VNNI
+        # here, so the record shows the variable, not the default, made the int8 graph.
+        sagemaker_entry.SERVE_ON_ENV: "ml.c5.xlarge",
     })  # fmt: skip
     return env
 
@@ -128,6 +131,8 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
     # ... and the same ONNX graphs beside it (issue 35), which the gate measured
     assert {"onnx/model.fp32.onnx", "onnx/model.int8.onnx", "onnx/export.json"} <= names
     assert record["figures"]["onnx-fp32"]["passed"] and record["gate"]["onnx_export"]["graphs"]
+    made = record["gate"]["onnx_export"]["int8"]
+    assert (made["target"], made["weight_bits"]) == ("ml.c5.xlarge", 7)  # issue 44: the endpoint's CPU decides
     assert record["speed"]["measured_on"]["bf16_instructions"] in (True, False)
     # SageMaker tars /opt/ml/model as is; the packaging checks accept that archive.
     archive = tmp_path / "model.tar.gz"

@@ -73,7 +73,7 @@ shutdown -h "+${GUARD_MINUTES}"
 
 step "check settings"
 : "${RUN_ID:?}" "${BUCKET:?}" "${REGION:?}" "${DLC_REGISTRY:?}" "${BASE_IMAGE:?}" "${LOG_GROUP:?}"
-: "${TRAINING_CODE_URL:?}" "${INFERENCE_CODE_URL:?}" "${MAX_HOURS:?}" "${TRAIN_ARGS:?}"
+: "${TRAINING_CODE_URL:?}" "${INFERENCE_CODE_URL:?}" "${MAX_HOURS:?}" "${TRAIN_ARGS:?}" "${SERVE_ON:?}"
 IMAGE="sentiment-training:${RUN_ID}"
 
 step "log set-up"
@@ -151,9 +151,9 @@ step "train"
 
 step "package"
 # Our serving image carries the handler and every dependency: the archive is the model, the gate's record and
-# its ONNX graphs, nothing to install at start-up.
+# its ONNX graphs (int8 weights for the endpoint's CPU, SERVE_ON), nothing to install at start-up.
 "${DOCKER_RUN[@]}" --log-opt "awslogs-stream=${RUN_ID}/package" "$IMAGE" \
-  python -m training.package --model-dir /opt/ml/work/model --output /opt/ml/work/model.tar.gz
+  python -m training.package --model-dir /opt/ml/work/model --output /opt/ml/work/model.tar.gz --serve-on "$SERVE_ON"
 
 step "upload"
 aws s3 cp --only-show-errors "${WORK}/model.tar.gz" "${PREFIX}/model.tar.gz"
