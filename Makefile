@@ -136,10 +136,13 @@ falcon-benchmark: install-dev  ## deploy each Falcon batching mode, load-test it
 train: install-dev  ## start ENV's SageMaker training pipeline (training.backend=sagemaker) and follow it (costs money; HELP=1)
 	$(PY) -m training.pipeline_cli $(if $(HELP),--help,--env $(ENV) $(ARGS))
 
-MODEL ?= artifacts/tiny-model
+# What `make train-local` leaves: the trained model directory and, packaged from it as the training pipeline packages
+# (the accuracy gate, the ONNX graphs, int8 weights for the default ml.c7g endpoint), the archive the endpoint loads.
+LOCAL_MODEL := artifacts/tiny-model
+MODEL ?= $(LOCAL_MODEL).tar.gz
 PORT ?= 8080
 # The serving image's entry point, run from a venv with the image's pinned requirements: no Docker needed.
-serve-local: image-venv  ## serve MODEL (model dir or model.tar.gz) at http://127.0.0.1:PORT (8080) with our server
+serve-local: image-venv  ## serve MODEL (default: train-local's model.tar.gz; a model dir works too) at 127.0.0.1:PORT (8080)
 	$(IMAGE_VENV)/bin/python -m inference.sentiment.server serve --model-dir $(MODEL) --host 127.0.0.1 --port $(PORT) $(ARGS)
 
 # make bench-handler ARGS="--preset tiny --rounds 1" (quick look); ARGS="--mode rss" (worker RSS over 10,000 requests);
@@ -151,12 +154,13 @@ bench-handler: install-dev $(if $(or $(HELP),$(findstring --no-toolkit,$(ARGS)))
 loadtest: install-dev  ## load-test a URL: make loadtest URL=http://127.0.0.1:8080/invocations ARGS="--kind sentiment"
 	$(PY) -m inference.llm.loadtest --url $(URL) $(ARGS)
 
-train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, about 20 s, then classify
+train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, about 20 s, then classify and package
 	$(PY) -m training.train_sentiment --model-name-or-path tiny \
 	  --train-file training/data/sample/train.jsonl --validation-file training/data/sample/validation.jsonl \
-	  --test-file training/data/sample/test.jsonl --output-dir artifacts/tiny-model \
+	  --test-file training/data/sample/test.jsonl --output-dir $(LOCAL_MODEL) \
 	  --max-length 48 --num-train-epochs 20 --learning-rate 1e-3 --warmup-steps 0.1 --no-torch-compile \
 	  --predict "Covid cases are increasing fast!" --predict "What a lovely day" --predict "The bus leaves at noon."
+	$(PY) -m training.package --model-dir $(LOCAL_MODEL) --output $(LOCAL_MODEL).tar.gz
 
 # make bench-train ARGS="--only plain,optimized+buckets"; HELP=1 (or ARGS=--help) prints the tool's help. On a GPU it
 # measures RoBERTa-base sized runs (cold and warm compile cache); on a CPU the tiny model, once each, about two minutes.
@@ -176,10 +180,11 @@ device-wheels:  ## the wheels training/device_check.sh installs on a lent GPU ma
 	  --platform any -d .whl $(DEVICE_WHEELS)
 	@ls .whl
 
-# make precision-gate MODEL=<model dir>; RANDOM=roberta-base gates a random-weight RoBERTa-base built on the spot.
+# make precision-gate MODEL=<model dir> (default: train-local's model directory); RANDOM=roberta-base gates a
+# random-weight RoBERTa-base built on the spot.
 .PHONY: precision-gate
 precision-gate: install-dev  ## the accuracy gate's figures (torch fp32, bf16, int8; ONNX Runtime fp32, int8) for MODEL, or RANDOM=roberta-base
-	$(PY) -m inference.sentiment.accuracy_check $(if $(RANDOM),--random-model $(RANDOM),--model-dir $(MODEL)) $(ARGS)
+	$(PY) -m inference.sentiment.accuracy_check $(if $(RANDOM),--random-model $(RANDOM),--model-dir $(if $(filter file,$(origin MODEL)),$(LOCAL_MODEL),$(MODEL))) $(ARGS)
 
 clean:  ## remove build output (keeps .venv and node_modules)
 	rm -rf cdk.out .pytest_cache .ruff_cache artifacts build

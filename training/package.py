@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         int8_target.resolve(args.serve_on)
     except ValueError as error:
         parser.error(str(error))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a loading bar per gate step is noise in the packaging log
     try:
         names = build(
             args.model_dir,

@@ -10,8 +10,9 @@ precisions then take turns on one batch of `--batch-size` texts for `--rounds` r
 (best round's ms per batch, on this machine: other work on a shared machine only ever adds time, so the best
 round is the steadiest figure; the median is recorded too) is the gate's choice here (bf16 only where this CPU has
 bf16 instructions). `training.package` (and SageMaker training, `training.sagemaker_entry`) runs this and writes
-the result to `precision.json` in the archive: which precisions passed (true on any CPU) apart from the timings
-(true for this kind of CPU), so the server picks again for the CPU it runs on (`precision.choose_explained`).
+the result to `precision.json` in the archive: which precisions passed (true on any CPU whose int8 kernels do not
+saturate the int8 graph's weights, `int8_target`) apart from the timings (true for this kind of CPU), so the server
+picks again for the CPU it runs on (`precision.choose_explained`).
 
     python -m inference.sentiment.accuracy_check --model-dir artifacts/tiny-model
     python -m inference.sentiment.accuracy_check --random-model roberta-base     # random weights, built here
@@ -260,7 +261,8 @@ def report(record: dict) -> list[str]:
     if record["gate"]["measured_on"].get("bf16_instructions") is False:
         lines.append("  (bf16 not chosen here: this CPU has no bf16 instructions)")
     if "accuracy" in record:
-        lines.append(f"passed on any CPU: {', '.join(record['accuracy']['passed'])}; the server picks among them for "
+        lines.append(f"passed: {', '.join(record['accuracy']['passed'])} (on any CPU whose int8 kernel does not "
+                     "saturate the int8 graph's weights); the server picks among them for "
                      "its own CPU")
     return lines
 

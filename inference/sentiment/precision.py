@@ -10,8 +10,9 @@ held-out sample, with the figures measured for every precision. The server calls
   else fp32 (an archive packaged before the gate existed). An override that failed the gate raises
   `PrecisionRefused` with the measured figures.
 
-The record keeps accuracy apart from speed: `accuracy.passed` holds for any CPU (bf16 is computed exactly the same
-way, only slower, where a CPU lacks the instructions), `speed` only for the kind of CPU it was timed on
+The record keeps accuracy apart from speed: `accuracy.passed` holds for any CPU whose int8 kernels do not saturate
+the int8 graph's weights (made for the endpoint's CPU: `inference.sentiment.int8_target`; bf16 is computed exactly
+the same way, only slower, where a CPU lacks the instructions), `speed` only for the kind of CPU it was timed on
 (`speed.measured_on`: machine and bf16 instructions). The server ranks by those timings when they come from its
 own kind of CPU; otherwise by `DEFAULT_ORDER` (below; int8 on a CPU without bf16 instructions is only taken where
 it was measured on such a CPU).

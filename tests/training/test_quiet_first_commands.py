@@ -1,7 +1,7 @@
 """`make train-local` prints no warning a user cannot act on; the filters that make it so drop only their message.
 
-The run is the Makefile's own recipe (read from the Makefile, so a changed recipe is what gets tested), with the
-output folder moved to a temporary one: about 20-40 s on 2 CPU cores, once per session.
+The run is `make train-local` itself (its installs taken as done), with the output folder moved to a temporary one:
+about 20-40 s on 2 CPU cores, once per session.
 """
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,19 +21,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MAKEFILE = REPO_ROOT / "Makefile"
 
 
-def make_recipe(target: str) -> tuple[list[str], dict[str, str]]:
-    """The target's command, continuation lines joined, and the variables the Makefile exports."""
-    lines = MAKEFILE.read_text().splitlines()
-    start = next(index for index, line in enumerate(lines) if line.startswith(f"{target}:"))
-    recipe = []
-    for line in lines[start + 1:]:
-        if not line.startswith("\t"):
-            break
-        recipe.append(line.strip().removesuffix("\\").strip())
-    exports = dict(re.findall(r"^export (\w+) := (.*)$", MAKEFILE.read_text(), flags=re.MULTILINE))
-    return shlex.split(" ".join(recipe)), exports
-
-
 def foreign_warnings(output: str) -> list[str]:
     """Lines saying WARNING or Warning, or starting as torch's own log format starts a warning (`W1204 13:43:54...`),
     that are not ours (our loggers are training.* and inference.*; our files live here, not in site-packages)."""
@@ -45,23 +30,44 @@ def foreign_warnings(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def train_local(tmp_path_factory) -> subprocess.CompletedProcess:
-    command, exports = make_recipe("train-local")
-    assert command[:3] == ["$(PY)", "-m", "training.train_sentiment"], command
-    output_dir = tmp_path_factory.mktemp("train-local") / "tiny-model"
-    command = [sys.executable, *command[1:]]
-    command[command.index("--output-dir") + 1] = str(output_dir)
-    return subprocess.run(command, cwd=REPO_ROOT, env={**os.environ, **exports}, capture_output=True, text=True,
+def train_local(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """`make train-local` itself (its installs taken as done), writing into a temporary folder."""
+    model = tmp_path_factory.mktemp("train-local") / "tiny-model"
+    done = subprocess.run(["make", "--no-print-directory", "-o", "install-dev", "train-local", f"LOCAL_MODEL={model}"],
+                          cwd=REPO_ROOT, env={**os.environ, "MAKEFLAGS": ""}, capture_output=True, text=True,
                           timeout=600)
+    return done, model
 
 
 @pytest.mark.slow
 def test_make_train_local_prints_no_library_warning(train_local):
-    output = train_local.stdout + train_local.stderr
-    assert train_local.returncode == 0, output[-3000:]
+    done, _ = train_local
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
     assert "prediction: 'Covid cases are increasing fast!' ->" in output
     foreign = foreign_warnings(output)
     assert foreign == [], "\n".join(foreign) + "\n---\n" + output[-2000:]
+    assert "Loading weights" not in output  # transformers' progress bar, once per model the gate loads
+
+
+def test_make_train_local_packages_the_archive_the_endpoint_would_load(train_local):
+    """Issue 44: the first local run is the endpoint's path: the gate's record, the ONNX graphs with int8 weights
+    for the default ml.c7g endpoint, and a model.tar.gz that `make serve-local` serves by default."""
+    from training import package
+
+    done, model = train_local
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    archive = model.parent / f"{model.name}.tar.gz"
+    assert {"config.json", "precision.json", "onnx/model.fp32.onnx", "onnx/model.int8.onnx"} <= set(
+        package.verify_archive(archive))
+    record = package.read_archive_record(archive)
+    assert record["gate"]["onnx_export"]["int8"]["target"] == "ml.c7g.4xlarge"
+    assert f"wrote {archive}" in done.stdout and "chosen: " in done.stdout
+    # ... and what `make serve-local` serves when no MODEL is given (make -n: the command, not run)
+    serve = subprocess.run(["make", "--no-print-directory", "-n", "-o", "image-venv", "serve-local",
+                            f"LOCAL_MODEL={model}"], cwd=REPO_ROOT, env={**os.environ, "MAKEFLAGS": ""},
+                           capture_output=True, text=True, timeout=60)
+    assert f"-m inference.sentiment.server serve --model-dir {archive} " in serve.stdout, serve.stdout + serve.stderr
 
 
 def test_a_foreign_warning_is_caught_and_ours_is_not():
