@@ -112,7 +112,8 @@ def test_each_architecture_exports_with_dynamic_axes_and_its_onnx_pairs_pass_the
     manifest = onnx_export.export(directory, directory / "onnx", int8_target=GRAVITON)
     assert manifest.get("error") is None and manifest["errors"] == {}, manifest
     assert set(manifest["graphs"]) == {"onnx-fp32", "onnx-int8"}
-    assert manifest["versions"]["onnxruntime"] == "1.32.0" and manifest["opset"] == 17
+    assert manifest["versions"]["onnxruntime"] == "1.32.0" and manifest["opset"] == 18
+    assert manifest["exporter"] == "torch.onnx.export (torch.export-based, dynamo=True)"  # the maintained one
     assert manifest["fp32_max_logit_difference"] < 1e-5  # the graph is the model, not the model with dropout
     assert json.loads((directory / "onnx" / "export.json").read_text()) == manifest
     # Dynamic batch and sequence axes: other shapes than the export's example give torch's logits.
@@ -146,12 +147,16 @@ def test_the_int8_graph_has_8_bit_weights_for_graviton_and_7_bit_for_x86_without
     """What ONNX Runtime's quantizer wrote, read back from the graphs: an archive for ml.c7g carries full-range
     weights; one for ml.c5 (may land on Skylake, no VNNI) keeps them within 7 bits."""
     graphs = {}
-    for instance_type in ("ml.c7g.4xlarge", "ml.c5.xlarge"):
+    manifest = onnx_export.export(model_dir, tmp_path, int8_target=GRAVITON)  # one fp32 graph, quantized twice
+    made = {"ml.c7g.4xlarge": manifest["int8"]}
+    made["ml.c5.xlarge"] = onnx_export.quantize_int8(tmp_path / onnx_engine.GRAPHS["onnx-fp32"], tmp_path / "c5.onnx",
+                                                     tmp_path, int8_target.for_instance_type("ml.c5.xlarge"))
+    for instance_type, done in made.items():
         target = int8_target.for_instance_type(instance_type)
-        manifest = onnx_export.export(model_dir, tmp_path / instance_type, int8_target=target)
-        assert manifest["int8"]["weight_bits"] == target.weight_bits and manifest["int8"]["target"] == instance_type
-        assert f"reduce_range={target.reduce_range})" in manifest["int8"]["method"]
-        graphs[instance_type] = _int8_weight_range(tmp_path / instance_type / onnx_engine.GRAPHS["onnx-int8"])
+        assert (done["weight_bits"], done["target"]) == (target.weight_bits, instance_type)
+        assert f"reduce_range={target.reduce_range})" in done["method"]
+    graphs["ml.c7g.4xlarge"] = _int8_weight_range(tmp_path / onnx_engine.GRAPHS["onnx-int8"])
+    graphs["ml.c5.xlarge"] = _int8_weight_range(tmp_path / "c5.onnx")
     # Symmetric int8 weights: the full range reaches +-127; the reduced one stops at +-64 (ONNX Runtime's 7-bit).
     assert max(map(abs, graphs["ml.c7g.4xlarge"])) == 127, graphs
     assert max(map(abs, graphs["ml.c5.xlarge"])) <= 64, graphs
@@ -430,3 +435,18 @@ def test_onnx_runtime_telemetry_is_off_wherever_our_code_imports_it(tmp_path):
     assert _files_after_import(tmp_path, "ours", ours, {}) == []
     # A user who sets the variable themselves keeps their choice.
     assert "tmp/.ses" in _files_after_import(tmp_path, "opted-in", ours, {onnx_engine.TELEMETRY_ENV: "0"})
+
+
+def test_the_exporters_unactionable_notes_are_dropped_by_message_and_only_during_an_export(caplog):
+    """The two messages the dynamo exporter's libraries log on every export (onnx_export.EXPORTER_NOTES); any other
+    warning of the same loggers still shows, and outside an export nothing is filtered."""
+    with caplog.at_level(logging.WARNING):
+        for name, start in onnx_export.EXPORTER_NOTES.items():
+            logger = logging.getLogger(name)
+            with onnx_export._without_exporter_notes():
+                logger.warning(start, "LayerNormalization")
+                logger.warning("something else from %s", name)
+            logger.warning(start, "outside")
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [line for name in onnx_export.EXPORTER_NOTES
+                        for line in (f"something else from {name}", onnx_export.EXPORTER_NOTES[name] % "outside")]
