@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,15 +20,37 @@ def members(archive: Path) -> dict[str, tarfile.TarInfo]:
         return {info.name: info for info in tar.getmembers()}
 
 
-def test_layout_matches_the_serving_container(trained, tmp_path, capsys):
-    output = tmp_path / "model.tar.gz"
-    assert package.main(["--model-dir", str(trained.output_dir), "--output", str(output), "--gate-rounds", "1"]) == 0
-    out = capsys.readouterr().out
+@dataclass(frozen=True)
+class Packaged:
+    archive: Path
+    out: str  # what the CLI printed: the report
+    err: str  # its progress lines
+
+
+@pytest.fixture(scope="module")
+def packaged(trained, tmp_path_factory) -> Packaged:
+    """`python -m training.package` with the gate, once for the module (the export and the gate take seconds), on a
+    copy of the trained model that carries a stale precision.json (which must not be copied)."""
+    from inference.sentiment import precision
+
+    scratch = tmp_path_factory.mktemp("packaged")
+    model = copy_model(trained, scratch)
+    (model / precision.RECORD).write_text(json.dumps({"precision": "int8", "figures": {}}))
+    output = scratch / "model.tar.gz"
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = package.main(["--model-dir", str(model), "--output", str(output), "--gate-rounds", "1"])
+    assert status == 0, out.getvalue() + err.getvalue()
+    return Packaged(output, out.getvalue(), err.getvalue())
+
+
+def test_layout_matches_the_serving_container(packaged):
+    out = packaged.out
     assert "wrote" in out and "accuracy gate on" in out and "chosen: " in out
     # The default endpoint is a c7g: the int8 graph's weights are made for Graviton, and the report says so.
     assert ("int8 graph: 8-bit weights for ml.c7g.4xlarge (c7g is Graviton (Arm): int8 dot products accumulate in "
             "int32, 8-bit weights)") in out
-    infos = members(output)
+    infos = members(packaged.archive)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in infos, name
     # No code/: our serving image carries the handler and every package (the retired TorchServe image needed them).
@@ -62,16 +87,12 @@ def test_archive_model_loads_after_extraction(trained, tmp_path):
     assert logits.shape == (1, 3)
 
 
-def test_packaging_records_the_gates_choice_and_figures(trained, tmp_path):
+def test_packaging_records_the_gates_choice_and_figures(packaged, tmp_path):
     from inference.sentiment import precision
 
-    model = copy_model(trained, tmp_path)
-    (model / precision.RECORD).write_text(json.dumps({"precision": "int8", "figures": {}}))  # stale: not copied
-    output = tmp_path / "model.tar.gz"
-    lines = []
-    package.build(model, output, gate_rounds=1, progress=lines.append)
+    output = packaged.archive
     record = package.read_archive_record(output)
-    assert record["precision"] in precision.PRECISIONS and record["figures"] != {}
+    assert record["precision"] in precision.PRECISIONS and record["figures"] != {}  # the stale record was not copied
     assert set(record["figures"]) == set(precision.PRECISIONS)  # every (engine, precision) pair, ONNX Runtime's too
     with tarfile.open(output, "r:gz") as tar:
         assert {"onnx/model.fp32.onnx", "onnx/model.int8.onnx", "onnx/export.json"} <= set(tar.getnames())
@@ -83,7 +104,7 @@ def test_packaging_records_the_gates_choice_and_figures(trained, tmp_path):
     gate = record["gate"]
     assert gate["min_agreement"] == 0.99 and gate["max_probability_change"] == 0.05 and gate["texts"] >= 100
     assert gate["measured_on"]["torch"].startswith("2.13") and gate["rounds"] == 1
-    assert any(line.startswith("gate: timing round 1/1") for line in lines)
+    assert any(line.startswith("gate: timing round 1/1") for line in packaged.err.splitlines())
     # The record sits at the archive root, where the server reads it from /opt/ml/model.
     extracted = tmp_path / "opt-ml-model"
     with tarfile.open(output, "r:gz") as tar:
