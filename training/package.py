@@ -45,6 +45,7 @@ PRECISION_RECORD = "precision.json"
 # The exported ONNX graphs, beside the model files (inference.sentiment.onnx_engine.ONNX_DIR); like the record,
 # always made afresh for the archive.
 ONNX_DIR = "onnx"
+CALIBRATION_TEXTS = "calibration/texts.json"  # inference.sentiment.calibration.TEXTS
 
 
 class PackageError(ValueError):
@@ -208,6 +209,9 @@ def build(
                 archive.add(path, arcname=f"{ONNX_DIR}/{path.name}", filter=_normalise)
             if record is not None:
                 _add_bytes(archive, PRECISION_RECORD, (json.dumps(record, indent=2) + "\n").encode())
+            # The gate's held-out texts, for the accuracy check on the serving CPU (inference.sentiment.calibration)
+            texts = json.dumps(held_out_texts(), ensure_ascii=False) + "\n"
+            _add_bytes(archive, CALIBRATION_TEXTS, texts.encode())
             if handler is not None:
                 archive.add(handler, arcname=TOOLKIT_HANDLER, filter=_normalise)
         names = verify_archive(Path(temporary), handler=handler is not None)
@@ -216,6 +220,13 @@ def build(
         Path(temporary).unlink(missing_ok=True)
         scratch.cleanup()
     return names
+
+
+def held_out_texts() -> list[str]:
+    """The accuracy gate's held-out sample (training/data/sample: validation and test, never trained on)."""
+    from inference.sentiment.accuracy_check import sample_texts
+
+    return sample_texts()
 
 
 def export_onnx(model_dir: Path, onnx_dir: Path, progress: Callable[[str], None] | None,

@@ -199,6 +199,9 @@ def make_hostable(model_dir: Path, *, gate: bool = True, gate_rounds: int | None
         (model_dir / name).unlink(missing_ok=True)
     if record is not None:
         (model_dir / package.PRECISION_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+    texts = model_dir / package.CALIBRATION_TEXTS  # for the accuracy check on the serving CPU
+    texts.parent.mkdir(exist_ok=True)
+    texts.write_text(json.dumps(package.held_out_texts(), ensure_ascii=False) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

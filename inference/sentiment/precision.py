@@ -157,6 +157,11 @@ def read_record(model_dir: Path) -> dict | None:
     return record
 
 
+def parse_override(value: str) -> str:
+    """SENTIMENT_PRECISION's value as a pair name; ValueError naming the setting and the allowed pairs."""
+    return _check(value.strip().lower(), OVERRIDE_ENV)
+
+
 def _check(precision: str, where: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"{where}={precision!r} is not a precision; allowed: {', '.join(PRECISIONS)} "

@@ -57,6 +57,9 @@ def test_layout_matches_the_serving_container(packaged):
     assert not any(name.startswith("code") for name in infos), sorted(infos)
     assert not any(name.startswith("checkpoints") for name in infos), "checkpoints must stay out"
     assert "training_args.bin" not in infos
+    # The gate's held-out texts travel with the model, for the accuracy check on the serving CPU (issue 44).
+    with tarfile.open(packaged.archive, "r:gz") as tar:
+        assert json.loads(tar.extractfile(package.CALIBRATION_TEXTS).read()) == package.held_out_texts()
     assert all(info.mode == 0o644 and info.uid == 0 for info in infos.values() if info.isfile())
 
 

@@ -130,6 +130,7 @@ def test_model_dir_is_what_the_endpoint_hosts(two_nodes, tmp_path):
     assert set(record["speed"]["ms_per_batch"]) <= set(precision.PRECISIONS) and record["gate"]["rounds"] == 1
     # ... and the same ONNX graphs beside it (issue 35), which the gate measured
     assert {"onnx/model.fp32.onnx", "onnx/model.int8.onnx", "onnx/export.json"} <= names
+    assert json.loads((model_dir / package.CALIBRATION_TEXTS).read_text()) == package.held_out_texts()
     assert record["figures"]["onnx-fp32"]["passed"] and record["gate"]["onnx_export"]["graphs"]
     made = record["gate"]["onnx_export"]["int8"]
     assert (made["target"], made["weight_bits"]) == ("ml.c5.xlarge", 7)  # issue 44: the endpoint's CPU decides
