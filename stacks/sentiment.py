@@ -44,12 +44,17 @@ PROVISIONING_ALLOWANCE_S = 1800
 MAX_EXECUTION_TIMEOUT_RANGE_S = (600, 28800)
 
 
+# ProductionVariant.ContainerStartupHealthCheckTimeoutInSeconds allows 60-3600 s (CreateEndpointConfig API reference).
+STARTUP_HEADROOM_S = 300
+MAX_STARTUP_HEALTH_CHECK_S = 3600
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVING_DOCKERFILE = "inference/sentiment/image/Dockerfile"
 # The image's build context is the repository root; only these reach it (and the asset's fingerprint), as in
 # inference/sentiment/image/Dockerfile.dockerignore.
 SERVING_IMAGE_CONTEXT = ["*", "!common/__init__.py", "!common/library_warnings.py", "!inference/__init__.py",
-                         "!inference/sentiment/", "**/__pycache__", "**/*.pyc"]
+                         "!inference/sentiment/", "!training/data/sample/validation.jsonl",
+                         "!training/data/sample/test.jsonl", "**/__pycache__", "**/*.pyc"]
 # The CDK bootstrap's container-assets repositories (cdk-<qualifier>-container-assets-<account>-<region>).
 ASSET_REPOSITORY_FILTER = "cdk-*-container-assets-*"
 # How the image leaves `docker build` (cdk-assets passes each entry as `--output=<entry>`, then tags and pushes the
@@ -100,7 +105,14 @@ def server_environment(config: SentimentSettings) -> dict[str, str]:
         max_batch_size=config.max_batch_size, max_batch_wait_ms=config.max_batch_wait_ms,
         max_queue=config.max_queue, precision=config.precision, max_batch_tokens=config.max_batch_tokens,
         max_queue_tokens=config.max_queue_tokens, request_timeout_ms=config.request_timeout_ms,
-        drain_seconds=config.drain_seconds)
+        drain_seconds=config.drain_seconds, calibration_seconds=config.calibration_seconds)
+
+
+def startup_health_check_timeout(config: SentimentSettings) -> int:
+    """Seconds SageMaker waits from container start for /ping to answer 200: the server's start-up calibration
+    (its budget, sentiment.calibration_seconds, in which it chooses the engine and precision on the serving CPU)
+    plus STARTUP_HEADROOM_S for the imports and loading the model (SageMaker has downloaded and extracted it)."""
+    return min(MAX_STARTUP_HEALTH_CHECK_S, config.calibration_seconds + STARTUP_HEADROOM_S)
 
 
 def check(config: SentimentSettings) -> None:
@@ -200,6 +212,7 @@ class SentimentStack(EnvironmentStack):
                 model_name=model.attr_model_name,
                 initial_instance_count=config.min_instances,
                 instance_type=config.instance_type,
+                container_startup_health_check_timeout_in_seconds=startup_health_check_timeout(config),
             )],
         )
         alarms = self._alarms(config, alarm_topic)

@@ -48,6 +48,19 @@ def test_endpoint_config_is_encrypted_and_unnamed(synthesized):
     assert (variant["InstanceType"], variant["InitialInstanceCount"], variant["VariantName"]) == \
         ("ml.c7g.4xlarge", 2, "AllTraffic")
     assert variant["ModelName"]["Fn::GetAtt"][1] == "ModelName"
+    # /ping answers 200 only after the start-up calibration (issue 44): its budget (60 s) and 300 s for the rest.
+    assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] == 360
+
+
+def test_the_start_up_health_check_covers_the_calibration_budget_within_sagemakers_range():
+    from stacks.sentiment import startup_health_check_timeout
+
+    for seconds, expected in (("5", 305), ("600", 900), ("1800", 2100)):
+        config = load_settings("prod", {"sentiment.calibration_seconds": seconds}).sentiment
+        assert startup_health_check_timeout(config) == expected
+        assert 60 <= expected <= 3600  # ProductionVariant's allowed range
+    with pytest.raises(SettingsError, match=r"sentiment\.calibration_seconds"):
+        load_settings("prod", {"sentiment.calibration_seconds": "3"})
 
 
 def test_endpoint_has_a_stable_name_and_rolls_back_on_alarms(synthesized):
@@ -183,7 +196,9 @@ def test_default_runtime_is_our_arm64_image_built_by_the_app(synthesized):
     files = {str(path.relative_to(context)) for path in context.rglob("*") if path.is_file()}
     assert "inference/sentiment/server/__main__.py" in files and "inference/sentiment/image/Dockerfile" in files
     outside = {name for name in files if not name.startswith("inference/")}
-    assert outside == {"common/__init__.py", "common/library_warnings.py"}, sorted(outside)[:20]
+    # and the gate's held-out texts, for the calibration of archives that ship none (issue 44)
+    assert outside == {"common/__init__.py", "common/library_warnings.py", "training/data/sample/validation.jsonl",
+                       "training/data/sample/test.jsonl"}, sorted(outside)[:20]
     assert not any("__pycache__" in name or name.startswith("inference/llm/") for name in files)
 
 
@@ -198,7 +213,8 @@ def test_our_server_gets_workers_threads_batching_and_no_toolkit_settings(synthe
     # Token budgets, deadline and drain (issue 32): the server's own defaults, passed explicitly.
     assert (env["SENTIMENT_MAX_BATCH_TOKENS"], env["SENTIMENT_MAX_QUEUE_TOKENS"], env["SENTIMENT_REQUEST_TIMEOUT_MS"],
             env["SENTIMENT_DRAIN_SECONDS"]) == ("2048", "16384", "20000", "22")
-    assert "SENTIMENT_PRECISION" not in env  # unset: the archive's recorded precision
+    assert env["SENTIMENT_CALIBRATION_SECONDS"] == "60"  # the start-up choice's budget
+    assert "SENTIMENT_PRECISION" not in env  # unset: the start-up calibration chooses
     assert not any(key.startswith(("TS_", "SAGEMAKER_PROGRAM", "SAGEMAKER_SUBMIT")) for key in env)
     assert model["EnableNetworkIsolation"] is True  # the image installs nothing at start-up
 

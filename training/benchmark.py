@@ -77,8 +77,11 @@ def run(variant: Variant, config, batch: dict, device: str, steps: int, warmup: 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True if variant.fused_adamw else None)
     forward = (torch.compile(model, backend=backend, mode=mode, fullgraph=True, dynamic=False)
                if variant.torch_compile else model)
-    # Through the precision API transformers uses; on a CPU the plan never asks for TF32 (sets "ieee").
-    hardware.set_tf32(variant.tf32)
+    # Through the precision API transformers uses, on a GPU only: TF32 means nothing on a CPU, and setting torch's
+    # precision API leaves the legacy cuDNN getter raising (torch 2.13, torch/backends/cudnn/__init__.py set_flags),
+    # which breaks a later torch.export in the same process (the ONNX export's, in the test suite's workers).
+    if device == "cuda":
+        hardware.set_tf32(variant.tf32)
 
     phases: dict[str, list[float]] = {name: [] for name in ("forward", "backward", "optimizer.step", "zero_grad",
                                                              "device wait")}

@@ -1,15 +1,17 @@
 """Build the model.tar.gz that the sentiment endpoint (our serving image) loads.
 
-Layout: model and tokenizer files at the root, `precision.json`: the accuracy gate's result for this model
-(`inference.sentiment.accuracy_check`), measured on this machine, which our server reads to pick its engine and
-precision (`inference.sentiment.precision`: torch fp32, bf16 or int8, or ONNX Runtime fp32 or int8), and `onnx/`:
-the model exported to ONNX before the gate (`inference.sentiment.onnx_export`: `model.fp32.onnx`,
-`model.int8.onnx`, and `export.json` saying what was exported with which versions, or why the export failed; a model
-that does not export still packages and serves on torch). The export goes with the gate: `--skip-gate` writes
-neither, `--skip-onnx` the gate without ONNX. No `code/`: the image carries our handler and every package, so
-nothing is installed when the endpoint starts. `--handler FILE` adds `code/inference.py` for SageMaker's PyTorch
-toolkit, which only `make bench-handler`'s toolkit baseline runs. The model directory and the finished archive are
-both checked before anything is written to `--output`.
+Layout: model and tokenizer files at the root; `onnx/`: the model exported to ONNX
+(`inference.sentiment.onnx_export`: `model.fp32.onnx`, `model.int8.onnx` with weights made for the endpoint's CPU,
+`--serve-on`, and `export.json` saying what was exported with which versions, or why the export failed; a model that
+does not export still packages and serves on torch); `calibration/texts.json`: the gate's held-out texts, on which
+the server checks every (engine, precision) pair's accuracy on its own CPU at start and then times the passing ones
+(`inference.sentiment.calibration`); `precision.json`: the accuracy gate's figures on this machine
+(`inference.sentiment.accuracy_check`), for the packaging report and the model registry. The export goes with the
+gate: `--skip-gate` writes neither (the server then chooses among torch's pairs), `--skip-onnx` the gate without
+ONNX. No `code/`: the image carries our handler and every package, so nothing is installed when the endpoint starts.
+`--handler FILE` adds `code/inference.py` for SageMaker's PyTorch toolkit, which only `make bench-handler`'s toolkit
+baseline runs. The model directory and the finished archive are both checked before anything is written to
+`--output`.
 """
 
 from __future__ import annotations
@@ -271,11 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a SageMaker PyTorch toolkit handler to ship as code/inference.py (the toolkit baseline "
                              "of make bench-handler; our server reads no code/)")
     parser.add_argument("--skip-gate", action="store_true",
-                        help="write no precision.json (the endpoint then serves fp32); the gate takes about a minute "
-                             "for RoBERTa-base on 2 vCPUs")
+                        help="no gate and no ONNX graphs (the endpoint then chooses among torch's pairs at start); the "
+                             "export and the gate take about 30 s for RoBERTa-base on 2 vCPUs")
     parser.add_argument("--gate-rounds", type=int, help="timed rounds per precision in the gate (default: the gate's)")
     parser.add_argument("--skip-onnx", action="store_true",
-                        help="no ONNX export: the gate measures torch's pairs only (the export takes about 15 s for "
+                        help="no ONNX export: the gate measures torch's pairs only (the export takes about 17 s for "
                              "RoBERTa-base on 2 vCPUs)")
     parser.add_argument("--serve-on", default=int8_target.DEFAULT_TARGET, metavar="INSTANCE_TYPE",
                         help="the endpoint's SageMaker instance type, whose CPU decides the int8 graph's weights "
@@ -314,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.output} ({size:.1f} MiB, {len(names)} files)")
     record = read_archive_record(args.output)
     if record is None:
-        print(f"no {PRECISION_RECORD} (--skip-gate): the endpoint serves fp32 unless sentiment.precision says "
-              "otherwise")
+        print(f"no {PRECISION_RECORD} and no ONNX graphs (--skip-gate): the endpoint chooses among torch's pairs at "
+              "start")
     else:
         from inference.sentiment.accuracy_check import report
 

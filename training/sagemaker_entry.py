@@ -218,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", type=Path, default=Path(os.environ.get("SM_OUTPUT_DIR", "/opt/ml/output")),
                         help="its 'failure' file becomes the job's FailureReason")
     parser.add_argument("--skip-gate", action="store_true",
-                        help="write no precision.json (the endpoint then serves fp32); the accuracy gate runs on "
-                             "this instance's CPU after training")
+                        help="no gate and no ONNX graphs (the endpoint then chooses among torch's pairs at start); "
+                             "the accuracy gate runs on this instance's CPU after training")
     parser.add_argument("--gate-rounds", type=int, help="timed rounds per precision in the gate (default: the gate's)")
     parser.add_argument("--serve-on", default=os.environ.get(SERVE_ON_ENV, DEFAULT_SERVE_ON), metavar="INSTANCE_TYPE",
                         help=f"the endpoint's instance type, whose CPU decides the int8 graph's weights (default: "

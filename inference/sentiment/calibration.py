@@ -8,7 +8,8 @@ both on this CPU, top to bottom, each step once:
    this CPU has bf16 instructions, the ONNX Runtime pairs where the archive has their graph and onnxruntime loads).
    An override (`sentiment.precision`) makes it that pair alone: it skips the choice, not the accuracy check.
 2. Accuracy: torch fp32 (the reference) and each candidate classify the held-out texts the archive ships
-   (`calibration/texts.json`, written by `training.package`) on this CPU's kernels; the gate's rule decides
+   (`calibration/texts.json`, written by `training.package`; for an archive packaged before it shipped them, the
+   gate's own held-out sample, which the serving image carries) on this CPU's kernels; the gate's rule decides
    (`precision.Figures.passed`). A pair that fails, or cannot load, is dropped with its figures; an override that
    fails is refused (`precision.PrecisionRefused`) with them.
 3. Speed: the passing pairs take turns on one batch of `BATCH_TEXTS` texts, after one untimed call each (a new
@@ -39,15 +40,14 @@ from pathlib import Path
 
 from inference.sentiment import precision as precisions
 from inference.sentiment.cpu_features import Bf16Support, this_cpu
+from inference.sentiment.server.config import DEFAULT_CALIBRATION_SECONDS
 
 PROG = "python -m inference.sentiment.calibration"
 TEXTS = Path("calibration") / "texts.json"
 BATCH_TEXTS = 8
 ROUNDS = 5
 DROP_FACTOR = 1.5
-# RoBERTa-base took 9 s on 2 vCPUs of the Xeon (docs/figures.md); the smallest c7g has 2 vCPUs, and Graviton3 has
-# no AMX: a budget several times that.
-DEFAULT_BUDGET_S = 60.0
+DEFAULT_BUDGET_S = float(DEFAULT_CALIBRATION_SECONDS)
 
 Progress = Callable[[str], None]
 
@@ -62,6 +62,7 @@ class Calibration:
     seconds: float
     line: str
     dropped: dict[str, str] = field(default_factory=dict)  # pair -> why it was not timed to the end
+    skipped: dict[str, str] = field(default_factory=dict)  # pair -> why it does not run here
 
 
 def read_texts(model_dir: Path) -> list[str] | None:
@@ -113,17 +114,23 @@ def calibrate(model_dir: Path, *, override: str | None = None, threads: int, rep
     say = progress or (lambda line: None)
     started = time.perf_counter()
     cpu = this_cpu() if cpu is None else cpu
-    texts = read_texts(model_dir) if texts is None else texts
+    source = "given"
     if texts is None:
-        raise FileNotFoundError(f"{Path(model_dir) / TEXTS}: the archive ships no held-out texts to check accuracy "
-                                "on this CPU (packaged before calibration)")
-    order, dropped = candidates(model_dir, override, cpu)
+        texts, source = read_texts(model_dir), "the archive's"
+    if texts is None:
+        texts, source = accuracy_check.sample_texts(), f"the gate's sample ({TEXTS} not in the archive)"
+    order, skipped = candidates(model_dir, override, cpu)
+    dropped: dict[str, str] = {}
     loaded, figures, reference = {}, {}, None
     for name in order:  # 2. accuracy, fp32 first
         say(f"calibration: {name} ({precisions.label(name)}): loading and classifying {len(texts)} held-out texts")
         try:
             precisions.activate(name)
             sentiment = load(model_dir, name, threads=threads, replicas=replicas)
+            if len(order) == 1:  # fp32 alone (its override) is the reference: nothing to compare, one warm-up call
+                handler.predict_fn(handler.Request(texts[:BATCH_TEXTS]), sentiment)
+                figures[name], loaded[name] = precisions.Figures(name, 1.0, 0.0), sentiment
+                continue
             rows = accuracy_check.class_probabilities(sentiment, texts)
         except Exception as error:
             if name == "fp32":
@@ -154,8 +161,9 @@ def calibrate(model_dir: Path, *, override: str | None = None, threads: int, rep
     precisions.activate(chosen)  # the process serves this pair from now on
     seconds = time.perf_counter() - started
     measured = [figures[name] for name in order]
-    return Calibration(chosen, loaded[chosen], measured, seconds,
-                       _line(chosen, measured, dropped, override, seconds, budget_s, cpu), dropped)
+    line = _line(chosen, measured, dropped, skipped, override, seconds, budget_s, cpu,
+                 f"{len(texts)} held-out texts, {source}")
+    return Calibration(chosen, loaded[chosen], measured, seconds, line, dropped, skipped)
 
 
 def load(model_dir: Path, name: str, *, threads: int, replicas: int):
@@ -205,8 +213,8 @@ def _short(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
-def _line(chosen: str, figures: list[precisions.Figures], dropped: dict[str, str], override: str | None,
-          seconds: float, budget_s: float, cpu: Bf16Support) -> str:
+def _line(chosen: str, figures: list[precisions.Figures], dropped: dict[str, str], skipped: dict[str, str],
+          override: str | None, seconds: float, budget_s: float, cpu: Bf16Support, texts: str) -> str:
     how = (f"{precisions.OVERRIDE_ENV}={chosen}, which answers like fp32 here" if override
            else "the fastest pair that answers like fp32 here")
     parts = []
@@ -218,10 +226,13 @@ def _line(chosen: str, figures: list[precisions.Figures], dropped: dict[str, str
         speed = f", {entry.ms_per_batch:.1f} ms" if entry.ms_per_batch is not None else ""
         parts.append(f"{entry.precision} {verdict} (agree {entry.agreement:.1%}, max change {entry.max_change:.4f}"
                      f"{speed})")
-    skipped = [f"{name}: {why}" for name, why in dropped.items()]
+    notes = ""
+    if dropped:
+        notes += "; not timed to the end: " + "; ".join(f"{name}: {why}" for name, why in dropped.items())
+    if skipped:
+        notes += "; not run here: " + "; ".join(f"{name}: {why}" for name, why in skipped.items())
     return (f"calibration: serving {chosen} ({precisions.label(chosen)}), {how}, in {seconds:.1f} s "
-            f"(budget {budget_s:g} s): " + "; ".join(parts) + (f"; not timed to the end: {'; '.join(skipped)}"
-                                                               if skipped else "")
+            f"(budget {budget_s:g} s; {texts}): " + "; ".join(parts) + notes
             + f"; ms per batch of {BATCH_TEXTS} texts, best round; CPU: {cpu.evidence}")
 
 
@@ -256,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             done = calibrate(model_dir, override=args.precision, threads=args.threads or torch.get_num_threads(),
                              budget_s=args.budget, progress=lambda line: print(line, file=sys.stderr, flush=True))
-        except (precisions.PrecisionRefused, FileNotFoundError, ValueError) as error:
+        except (FileNotFoundError, ValueError) as error:  # PrecisionRefused is a ValueError
             print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2
     print(done.line)

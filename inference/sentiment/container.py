@@ -32,10 +32,10 @@ def worker_threads(vcpus: int, workers: int) -> int:
 def server_environment(*, vcpus: int, workers: int, max_batch: int, max_batch_size: int, max_batch_wait_ms: int,
                        max_queue: int, precision: str | None = None, max_batch_tokens: int | None = None,
                        max_queue_tokens: int | None = None, request_timeout_ms: int | None = None,
-                       drain_seconds: int | None = None) -> dict[str, str]:
+                       drain_seconds: int | None = None, calibration_seconds: int | None = None) -> dict[str, str]:
     """Replicas and threads from `worker_threads` (the front end is the server's event loop and tokenizer, which
     want a share of CPU), batching and queue budgets, the per-request limit, the deadline and drain, the
-    precision. Unset optional values leave the server's defaults."""
+    precision, the start-up calibration's budget. Unset optional values leave the server's defaults."""
     environment = {
         "SAGEMAKER_MODEL_SERVER_WORKERS": str(workers),
         "OMP_NUM_THREADS": str(worker_threads(vcpus, workers)),
@@ -46,7 +46,8 @@ def server_environment(*, vcpus: int, workers: int, max_batch: int, max_batch_si
         "TORCH_MKLDNN_MATMUL_MIN_DIM": "1024",
     }
     optional = {"SENTIMENT_MAX_BATCH_TOKENS": max_batch_tokens, "SENTIMENT_MAX_QUEUE_TOKENS": max_queue_tokens,
-                "SENTIMENT_REQUEST_TIMEOUT_MS": request_timeout_ms, "SENTIMENT_DRAIN_SECONDS": drain_seconds}
+                "SENTIMENT_REQUEST_TIMEOUT_MS": request_timeout_ms, "SENTIMENT_DRAIN_SECONDS": drain_seconds,
+                "SENTIMENT_CALIBRATION_SECONDS": calibration_seconds}
     for name, value in optional.items():
         if value is not None:
             environment[name] = str(value)

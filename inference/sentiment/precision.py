@@ -1,51 +1,33 @@
-"""Which numeric precision a model is served at: the gate's choice recorded at packaging, or a checked override.
+"""The (engine, precision) pairs a model can be served at, the accuracy gate's rule and record, and how each pair is
+loaded and run.
 
-`training.package` runs the accuracy gate (`inference.sentiment.accuracy_check`) on the model and writes its
-result to `precision.json` at the archive's root: the fastest precision whose answers stay close to fp32 on a
-held-out sample, with the figures measured for every precision. The server calls two functions at model load:
+Which pair serves is chosen on the serving CPU at start (`inference.sentiment.calibration`); this module holds what
+that pass and the packaging gate (`inference.sentiment.accuracy_check`) share:
 
-- `choose(model_dir, override)` (`choose_explained` adds why, for the start-up log): the override
-  (`sentiment.precision`, passed as SENTIMENT_PRECISION) when the gate passed it, else the fastest precision that
-  passed the gate and that the serving CPU runs (bf16 only with bf16 instructions, `inference.sentiment.cpu_features`),
-  else fp32 (an archive packaged before the gate existed). An override that failed the gate raises
-  `PrecisionRefused` with the measured figures.
+- the gate's rule (`Figures.passed`): best labels agree with fp32 on at least `MIN_AGREEMENT` of the held-out texts
+  and no class probability moves by more than `TOLERANCE`;
+- the record `training.package` writes to `precision.json` (`make_record`, `read_record`): the packaging CPU's
+  figures for every pair and its choice there, for the packaging report and the model registry. The server does
+  not trust it: timings do not transfer between CPUs, and int8 accuracy depends on the CPU's kernels
+  (`inference.sentiment.int8_target`);
+- `parse_override`: `sentiment.precision` (SENTIMENT_PRECISION) as a pair name, or a ValueError naming the pairs;
+- `activate(precision)`: oneDNN's math mode for a pair (process-wide: the calibration sets it before each call of a
+  pair, and the served pair keeps its own);
+- `apply`, `load_engine`: the torch model converted to a pair, or ONNX Runtime sessions on the archive's graph.
 
-The record keeps accuracy apart from speed: `accuracy.passed` holds for any CPU whose int8 kernels do not saturate
-the int8 graph's weights (made for the endpoint's CPU: `inference.sentiment.int8_target`; bf16 is computed exactly
-the same way, only slower, where a CPU lacks the instructions), `speed` only for the kind of CPU it was timed on
-(`speed.measured_on`: machine and bf16 instructions). The server ranks by those timings when they come from its
-own kind of CPU; otherwise by `DEFAULT_ORDER` (below; int8 on a CPU without bf16 instructions is only taken where
-it was measured on such a CPU).
-- `apply(model, precision)`: the model converted to that precision, with the process's math mode set for it.
-- `process_environment(precision)`: variables the server process must have before it imports torch (the server
-  sets them in its own environment first).
-
-The precisions:
+The pairs:
 - `fp32`: the model as trained.
 - `bf16`: bf16 weights (oneDNN's bf16 kernels: AMX/AVX512-BF16 on x86, BF16 instructions on Graviton3), and
-  oneDNN's bf16 fast-math mode for any fp32 matmul left: through torch (`torch.backends.mkldnn.matmul.
-  fp32_precision = "bf16"`) and, for the server's workers, `DNNL_DEFAULT_FPMATH_MODE=BF16` as AWS's Graviton
-  images set it. oneDNN reads that variable once, when torch loads it (ONEDNN_VERBOSE shows no `attr-fpmath:bf16`
-  when it is set after `import torch`), so the server puts it in its own environment before it imports torch.
-  Per model, not in the image for every model, so a model whose gate kept fp32 really runs fp32.
+  oneDNN's bf16 fast-math mode for any fp32 matmul left (`torch.backends.mkldnn.matmul.fp32_precision = "bf16"`,
+  set at run time by `activate`, so a torch fp32 pair in the same process still runs fp32 kernels).
 - `int8`: dynamic int8 of every Linear layer (int8 weights, activations quantized per batch) through torchao's
   `quantize_` (`Int8DynamicActivationInt8WeightConfig`), the maintained successor of
   `torch.ao.quantization.quantize_dynamic`.
 - `onnx-fp32`, `onnx-int8`: ONNX Runtime (CPU execution provider) running the graphs `training.package` exported
   into the archive's `onnx/` folder (`inference.sentiment.onnx_export`: fp32, and int8 by ONNX Runtime's dynamic
-  quantization), behind the handler's forward-pass seam (`inference.sentiment.onnx_engine.OnnxClassifier`). A pair
-  is a candidate only where its graph is in the model directory and onnxruntime is installed: an archive packaged
-  before the export, or whose export failed, serves on torch.
-
-Each name is an (engine, precision) pair; `LABELS` says which in words. Where ONNX Runtime goes in the default
-order (no timing from this kind of CPU, e.g. every Graviton endpoint of a model packaged on x86):
-- CPU with bf16 instructions: onnx-int8, bf16, onnx-fp32, fp32. The one such CPU measured (AMD EPYC Zen 4, issue
-  35: RoBERTa-base, 8 x 48 tokens, 2 threads) ran ONNX Runtime int8 in 67 ms, torch bf16 in 98, ONNX Runtime fp32
-  in 158 and torch fp32 in 362. Every CPU with bf16 instructions also has int8 dot products (AVX512-VNNI on x86,
-  SDOT and I8MM on Graviton3), which ONNX Runtime's int8 kernels use.
-- CPU without: onnx-fp32, fp32. ONNX Runtime fp32 was 1.64x torch fp32 on a Zen 2 (AVX2 only), its int8 only
-  1.01x its fp32 there (no VNNI), so int8's accuracy cost buys nothing measured: like torch int8, ONNX Runtime int8
-  is taken there only where the record timed it on that kind of CPU.
+  quantization with weights made for the endpoint's CPU), behind the handler's forward-pass seam
+  (`inference.sentiment.onnx_engine.OnnxClassifier`). A pair runs only where its graph is in the model directory
+  and onnxruntime is installed (`unavailable` says why not).
 """
 
 from __future__ import annotations
@@ -55,7 +37,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from inference.sentiment import onnx_engine
-from inference.sentiment.cpu_features import Bf16Support, this_cpu
 
 PRECISIONS = ("fp32", "bf16", "int8", "onnx-fp32", "onnx-int8")
 # The pairs ONNX Runtime runs (the others run on torch).
@@ -67,10 +48,7 @@ RECORD = "precision.json"
 MIN_AGREEMENT = 0.99
 # ... and no class probability moves by more than this from fp32.
 TOLERANCE = 0.05
-FPMATH_ENV = "DNNL_DEFAULT_FPMATH_MODE"
 OVERRIDE_ENV = "SENTIMENT_PRECISION"
-# The serving order where the record holds no timing from this kind of CPU (see the module's docstring).
-DEFAULT_ORDER = {True: ("onnx-int8", "bf16", "onnx-fp32", "fp32"), False: ("onnx-fp32", "fp32")}
 
 
 class PrecisionRefused(ValueError):
@@ -121,7 +99,7 @@ def pick(figures: list[Figures], min_agreement: float = MIN_AGREEMENT, tolerance
 
 def make_record(figures: list[Figures], *, min_agreement: float = MIN_AGREEMENT, tolerance: float = TOLERANCE,
                 **details) -> dict:
-    """precision.json's content: the packaging machine's choice, which precisions passed (any CPU), their timings
+    """precision.json's content: the packaging machine's choice, which precisions passed there, their timings
     and the CPU they describe, the thresholds, and every precision's figures."""
     measured_on = details.get("measured_on") or {}
     if measured_on.get("bf16_instructions") is False:  # what the server would choose on this machine: no bf16
@@ -182,112 +160,6 @@ def unavailable(model_dir: Path, precision: str) -> str | None:
     return onnx_engine.missing_reason(model_dir, precision)
 
 
-def passed(record: dict) -> list[str]:
-    """The precisions that passed the record's accuracy gate (fp32, the reference, always does)."""
-    if "accuracy" in record:
-        names = list(record["accuracy"].get("passed", []))
-    else:  # a record from before accuracy and speed were apart: its figures say which passed
-        gate = record.get("gate", {})
-        names = [name for name, data in record.get("figures", {}).items() if Figures.from_dict(name, data).passed(
-            gate.get("min_agreement", MIN_AGREEMENT), gate.get("max_probability_change", TOLERANCE))]
-    return [name for name in PRECISIONS if name == "fp32" or name in names]
-
-
-def _speeds_for(record: dict, cpu: Bf16Support) -> dict[str, float] | None:
-    """The record's timings when they were taken on this kind of CPU (machine and bf16 instructions), else None."""
-    speed = record.get("speed") or {}
-    measured_on = speed.get("measured_on") or {}
-    if measured_on.get("machine") != cpu.machine or measured_on.get("bf16_instructions") != cpu.available:
-        return None
-    return speed.get("ms_per_batch") or None
-
-
-def choose(model_dir: Path, override: str | None, cpu: Bf16Support | None = None) -> str:
-    """The precision to serve (see `choose_explained`)."""
-    return choose_explained(model_dir, override, cpu)[0]
-
-
-def choose_explained(model_dir: Path, override: str | None, cpu: Bf16Support | None = None, *,
-                     torch_only: bool = False) -> tuple[str, str]:
-    """(precision, why): a gate-passed override; else the fastest gate-passed pair this CPU and model directory
-    run; else fp32 (`torch_only`: among torch's pairs, when ONNX Runtime could not start)."""
-    cpu = this_cpu() if cpu is None else cpu
-    record = read_record(model_dir)
-    if torch_only and record is not None:
-        record = {**record, "accuracy": {"passed": [name for name in passed(record) if name not in ONNX_PRECISIONS]}}
-    if override:
-        precision = _check(override.strip().lower(), OVERRIDE_ENV)
-        # An explicit bf16 on a CPU without bf16 instructions is served (a benchmark may want exactly that), with
-        # the cost said; the settings refuse it for instance types without them (settings/serving.py).
-        slow = (f"; this CPU has no bf16 instructions ({cpu.evidence}): oneDNN converts to fp32 and back, slower "
-                "than fp32") if precision == "bf16" and not cpu.available else ""
-        missing = unavailable(model_dir, precision)
-        if missing:
-            raise PrecisionRefused(f"{OVERRIDE_ENV}={precision} ({label(precision)}) cannot run: {missing}; "
-                                   f"allowed here: {', '.join(_runnable(model_dir, record))}")
-        if record is None or precision == "fp32":
-            # fp32 is the reference; without a record there is no gate result to refuse on
-            return precision, (f"{OVERRIDE_ENV}={precision} ({label(precision)})"
-                               + ("" if record else " (the model has no gate record)") + slow)
-        _refuse_unless_passed(model_dir, record, precision)
-        return precision, (f"{OVERRIDE_ENV}={precision} ({label(precision)}), which passed this model's accuracy "
-                           f"gate{slow}")
-    if record is None:
-        return "fp32", f"the model has no {RECORD} (packaged before the accuracy gate)"
-    notes = []
-    failed_export = (onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}).get("error")
-    if failed_export:
-        notes.append(f"no ONNX Runtime pair: the ONNX export failed at packaging ({failed_export})")
-    if "bf16" in passed(record) and not cpu.available:
-        notes.append("bf16 passed, but this CPU has no bf16 instructions")
-    candidates = []
-    for name in passed(record):
-        missing = unavailable(model_dir, name)
-        if missing:
-            notes.append(f"{name} passed, but {missing}")
-        elif name != "bf16" or cpu.available:
-            candidates.append(name)
-    dropped = f" ({'; '.join(notes)})" if notes else ""
-    where = f"CPU: {cpu.evidence}"
-    speeds = _speeds_for(record, cpu)
-    timed = [name for name in candidates if speeds and name in speeds]
-    if timed:
-        chosen = min(timed, key=lambda name: (speeds[name], PRECISIONS.index(name)))
-        figures = ", ".join(f"{name} {speeds[name]:.1f} ms" for name in timed)
-        return chosen, (f"{label(chosen)}: fastest of the gate-passed pairs this CPU runs ({figures} per batch, "
-                        f"timed on this kind of CPU){dropped}; {where}")
-    order = DEFAULT_ORDER[cpu.available]
-    chosen = next(name for name in order if name in candidates or name == "fp32")
-    return chosen, (f"{label(chosen)}: gate passed {', '.join(passed(record))}{dropped}; no timing from this kind "
-                    f"of CPU in {RECORD}, so the default order {' > '.join(order)}; {where}")
-
-
-def _runnable(model_dir: Path, record: dict | None) -> list[str]:
-    """The pairs an override may name for this model here: gate-passed (all, without a record) and runnable."""
-    names = PRECISIONS if record is None else passed(record)
-    return [name for name in names if not unavailable(model_dir, name)]
-
-
-def _refuse_unless_passed(model_dir: Path, record: dict, precision: str) -> None:
-    gate = record.get("gate", {})
-    min_agreement = gate.get("min_agreement", MIN_AGREEMENT)
-    tolerance = gate.get("max_probability_change", TOLERANCE)
-    measured = {name: Figures.from_dict(name, data) for name, data in record.get("figures", {}).items()}
-    entry = measured.get(precision)
-    if entry is not None and entry.passed(min_agreement, tolerance):
-        return
-    allowed = [name for name in PRECISIONS if name == "fp32" or (name in measured and
-                                                                  measured[name].passed(min_agreement, tolerance)
-                                                                  and not unavailable(model_dir, name))]
-    why = entry.describe(min_agreement, tolerance) if entry else f"{precision}: not measured by this model's gate"
-    reference = measured.get("fp32")
-    fp32_speed = f"; fp32 {reference.ms_per_batch:.1f} ms per batch" if reference and reference.ms_per_batch else ""
-    raise PrecisionRefused(
-        f"{OVERRIDE_ENV}={precision} failed this model's accuracy gate ({why}{fp32_speed}); allowed: "
-        f"{', '.join(allowed)} (recorded choice: {record['precision']}, {Path(model_dir) / RECORD})"
-    )
-
-
 def activate(precision: str) -> None:
     """Set the process-wide math mode a precision runs with (the gate switches between them in one process)."""
     import torch
@@ -295,12 +167,6 @@ def activate(precision: str) -> None:
     _check(precision, "precision")
     # none: torch's default (ONNX Runtime pairs leave torch at fp32: it only pads and ranks around them)
     torch.backends.mkldnn.matmul.fp32_precision = "bf16" if precision == "bf16" else "none"
-
-
-def process_environment(precision: str) -> dict[str, str]:
-    """What a worker serving `precision` needs in its environment before it imports torch (oneDNN reads it then)."""
-    _check(precision, "precision")
-    return {FPMATH_ENV: "BF16"} if precision == "bf16" else {}
 
 
 def apply(model, precision: str):

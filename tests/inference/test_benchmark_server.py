@@ -43,17 +43,23 @@ def table_rows(out: str) -> list[list[str]]:
 
 @pytest.mark.slow
 @needs_image_venv
-def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_rows(capsys):
+def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_rows(capsys, tmp_path):
     """Without the toolkit row (--no-toolkit, no TorchServe): the first row, server-fp32, is the reference."""
+    log = tmp_path / "servers.log"
     argv = ["--preset", "tiny", "--requests", "4", "--batch-requests", "1", "--warmup", "0", "--rounds", "1",
-            "--precision", "bf16", "--no-toolkit"]  # the gate keeps fp32 for the tiny model but passes bf16 too
+            "--precision", "bf16", "--no-toolkit", "--pairs", "bf16", "--log", str(log)]  # bf16 passes the gate
     assert benchmark_server.main(argv) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("scenario"))
     assert re.split(r"\s{2,}", header.strip()) == COLUMNS
     rows = table_rows(out)
-    methods = ["server-fp32", "server-bf16"]
+    methods = ["server-fp32", "server-bf16", "server-auto"]  # the last: no override, its own choice (issue 44)
+    choices = re.findall(r"calibration: serving \S+ \(.*?\), (SENTIMENT_PRECISION=\S+|the fastest pair)",
+                         log.read_text())
+    assert choices == ["SENTIMENT_PRECISION=fp32,", "SENTIMENT_PRECISION=bf16,", "the fastest pair"], choices
     assert [row[:2] for row in rows] == [[name, method] for name in SCENARIOS for method in methods]
+    assert re.search(r"^goal \(issue 44\): server-auto \(its own choice, in the servers' log\) at c8 = \d+\.\d\dx the "
+                     r"fastest other row, server-(fp32|bf16) \(goal >= 0\.95x\): (MET|NOT MET)$", out, re.M)
     roof = float(re.search(r"(?:bf16|fp32) GEMM roof \(2048x2048 matmul, .*\): \d+ GFLOP/s; "
                            r"the table uses the highest, (\d+)$", out, re.M).group(1))
     for name in SCENARIOS:
@@ -81,7 +87,7 @@ def test_tiny_preset_prints_every_row_of_every_scenario_and_the_ratios_of_its_ro
 @pytest.mark.slow
 @needs_image_venv
 def test_rss_mode_prints_the_servers_memory_every_tenth(capsys):
-    argv = ["--mode", "rss", "--preset", "tiny", "--rss-requests", "20", "--precision", "fp32"]
+    argv = ["--mode", "rss", "--preset", "tiny", "--rss-requests", "20", "--precision", "fp32", "--skip-onnx"]
     assert benchmark_server.main(argv) == 0
     out = capsys.readouterr().out
     assert "server RSS over 20 single-text requests from 8 clients, our server at fp32" in out
@@ -103,7 +109,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130)])  # the one a fresh-clone run once saw go wrong
 def test_a_stop_signal_stops_the_servers_and_exits_with_its_status(signum, status):
     command = [sys.executable, "-m", "inference.sentiment.benchmark_server", "--preset", "tiny", "--no-toolkit",
-               "--requests", "20000", "--rounds", "1"]
+               "--requests", "20000", "--rounds", "1", "--skip-onnx"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -147,7 +153,7 @@ def test_text_flops_counts_every_matrix_product_of_the_model(model_dir):
 @pytest.mark.slow
 @needs_image_venv
 def test_startup_mode_prints_the_archive_size_and_each_start_to_the_first_ping(capsys):
-    assert benchmark_server.main(["--mode", "startup", "--preset", "tiny", "--starts", "1"]) == 0
+    assert benchmark_server.main(["--mode", "startup", "--preset", "tiny", "--starts", "1", "--skip-onnx"]) == 0
     out = capsys.readouterr().out
     size = re.search(r"^model\.tar\.gz: (\d+\.\d) MiB compressed, (\d+\.\d) MiB in (\d+) files, 0 wheels", out, re.M)
     assert size and 0 < float(size.group(1)) <= float(size.group(2))
@@ -195,12 +201,12 @@ def test_the_toolkit_row_comes_first_and_is_what_the_others_are_compared_with(mo
     monkeypatch.setattr(benchmark_server, "plan_requests", lambda *_: {})
     args = benchmark_server.build_parser().parse_args(["--rounds", "1"])
     results = benchmark_server.compare_methods(args, Path("model"), {}, "onnx-int8", Path("log"), also=("bf16",))
-    methods = ["toolkit-default", "server-fp32", "server-bf16", "server-onnx-int8"]
+    methods = ["toolkit-default", "server-fp32", "server-bf16", "server-onnx-int8", "server-auto"]
     assert list(results) == methods
     assert started == [entry for name in methods for entry in (name, f"stopped {name}")]
     no_toolkit = benchmark_server.build_parser().parse_args(["--rounds", "1", "--no-toolkit"])
     assert list(benchmark_server.compare_methods(no_toolkit, Path("model"), {}, "fp32", Path("log"))) == [
-        "server-fp32"]
+        "server-fp32", "server-auto"]
     capsys.readouterr()
     rows = {"toolkit-default": {name: benchmark_server.Timing([0.1], 1.0, 1, 1e9) for name in SCENARIOS},
             "server-fp32": {name: benchmark_server.Timing([0.1] * 3, 1.0, 3, 1e9) for name in SCENARIOS}}

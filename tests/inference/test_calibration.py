@@ -129,11 +129,15 @@ def test_past_the_budget_the_best_pair_measured_so_far_wins(exported):
     assert done.chosen == min(timed, key=timed.get) and len(timed) == len(precisions.PRECISIONS)
 
 
-def test_an_archive_without_held_out_texts_says_so(model_dir, tmp_path, capsys):
-    with pytest.raises(FileNotFoundError, match=r"calibration/texts\.json: the archive ships no held-out texts"):
-        calibration.calibrate(model_dir, threads=1, cpu=BF16_CPU)
-    assert calibration.main(["--model-dir", str(model_dir)]) == 2
-    assert "ships no held-out texts to check accuracy on this CPU" in capsys.readouterr().err
+def test_an_archive_without_held_out_texts_is_checked_on_the_gates_own_sample(model_dir, tmp_path, monkeypatch):
+    """Archives packaged before they shipped texts: the gate's sample, which the serving image carries; without it
+    too, one clear error. A texts file that is not a list of texts is refused by name."""
+    done = calibration.calibrate(model_dir, override="fp32", threads=1, cpu=BF16_CPU)
+    assert f"{len(accuracy_check.sample_texts())} held-out texts, the gate's sample (calibration/texts.json not in " \
+           "the archive)" in done.line
+    monkeypatch.setattr(accuracy_check, "SAMPLE_DIR", tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match=r"missing/validation\.jsonl"):
+        calibration.calibrate(model_dir, override="fp32", threads=1, cpu=BF16_CPU)
     (tmp_path / "calibration").mkdir()
     (tmp_path / "calibration" / "texts.json").write_text(json.dumps({"not": "a list"}))
     with pytest.raises(ValueError, match=r"texts\.json: not a list of texts"):
@@ -154,3 +158,12 @@ def archive_with_texts(archive) -> Path:
     with tarfile.open(archive) as tar:
         assert "calibration/texts.json" in tar.getnames()
     return archive
+
+
+def test_the_budget_comes_from_the_endpoints_environment_and_a_wrong_one_names_the_variable():
+    from inference.sentiment.server.config import ConfigError, from_env
+
+    assert from_env({}).calibration_seconds == calibration.DEFAULT_BUDGET_S == 60
+    assert from_env({"SENTIMENT_CALIBRATION_SECONDS": "120"}).calibration_seconds == 120
+    with pytest.raises(ConfigError, match=r"SENTIMENT_CALIBRATION_SECONDS=0: must be between 1 and 1800"):
+        from_env({"SENTIMENT_CALIBRATION_SECONDS": "0"})

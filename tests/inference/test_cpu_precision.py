@@ -1,5 +1,5 @@
-"""Precision for the serving CPU (issue 32): bf16 only where /proc/cpuinfo shows bf16 instructions, and the server's
-choice among the precisions that passed the accuracy gate, explained in one line.
+"""Precision for the serving CPU (issue 32): bf16 only where /proc/cpuinfo shows bf16 instructions, and the packaging
+gate's record (which keeps accuracy apart from speed; the server chooses on its own CPU: test_calibration.py).
 
 The /proc/cpuinfo texts are real: this machine's, read at test time, and one processor's block from Graviton
 hosts as published (cited at each). Their verdicts must match the Graviton generations AWS documents: Graviton2
@@ -15,7 +15,7 @@ import pytest
 
 from inference.sentiment import precision as precisions
 from inference.sentiment.cpu_features import Bf16Support, bf16_support, this_cpu
-from inference.sentiment.precision import Figures, PrecisionRefused
+from inference.sentiment.precision import Figures
 
 # Graviton2: one processor of the /proc/cpuinfo posted from an AWS Graviton2 instance in archspec/archspec-json
 # issue 41 ("Renaming AWS graviton2 target as neoverse-n1").
@@ -96,11 +96,7 @@ def test_this_machines_verdict_is_onednns():
     assert cpu.available == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), cpu.evidence
 
 
-# --- the server's choice -------------------------------------------------------------------------------------------
-
-BF16_CPU = Bf16Support(True, "aarch64: all 16 processors list bf16 in Features", "aarch64")
-NO_BF16_CPU = Bf16Support(False, "aarch64: 16 of 16 processors list no bf16 in Features", "aarch64")
-
+# --- the packaging gate's record ----------------------------------------------------------------------------------
 
 def write_record(directory: Path, figures: list[Figures], measured_on: dict | None = None) -> dict:
     record = precisions.make_record(figures, texts=114, **({"measured_on": measured_on} if measured_on else {}))
@@ -115,6 +111,7 @@ def gate(bf16_ms=60.0, int8_ms=90.0, bf16_passes=True) -> list[Figures]:
 
 @pytest.mark.py313
 def test_the_record_keeps_accuracy_apart_from_speed(tmp_path):
+    """The packaging report and the model registry read it; what passed there and how fast, on which CPU."""
     record = write_record(tmp_path, gate(bf16_passes=False),
                           {"machine": "x86_64", "cpu": "AMD EPYC", "bf16_instructions": False})
     assert record["accuracy"] == {"passed": ["fp32", "int8"], "failed": ["bf16"]}
@@ -126,71 +123,12 @@ def test_the_record_keeps_accuracy_apart_from_speed(tmp_path):
     assert write_record(tmp_path, passing, {"machine": "x86_64", "bf16_instructions": True})["precision"] == "bf16"
 
 
-@pytest.mark.py313
-@pytest.mark.parametrize(("cpu", "measured_on", "figures", "expected", "why"), [
-    # Timed elsewhere (an x86 packager): the default order for the serving CPU.
-    # (ONNX Runtime's pairs lead the default order where they passed and the archive has their graphs: no graphs
-    # here, as in every archive from before issue 35, so the choice is the one from before.)
-    (BF16_CPU, {"machine": "x86_64", "bf16_instructions": True}, gate(), "bf16",
-     "torch bf16 weights: gate passed fp32, bf16, int8; no timing from this kind of CPU in precision.json, so the "
-     "default order onnx-int8 > bf16 > onnx-fp32 > fp32; CPU: aarch64: all 16 processors list bf16 in Features"),
-    (NO_BF16_CPU, {"machine": "x86_64", "bf16_instructions": True}, gate(), "fp32",
-     "torch fp32: gate passed fp32, bf16, int8 (bf16 passed, but this CPU has no bf16 instructions); no timing from "
-     "this kind of CPU in precision.json, so the default order onnx-fp32 > fp32; CPU: aarch64: 16 of 16 processors "
-     "list no bf16 in Features"),
-    # An x86 packager without bf16 must not decide fp32 for a c7g (the issue's case).
-    (BF16_CPU, {"machine": "x86_64", "bf16_instructions": False}, gate(bf16_ms=500.0), "bf16", None),
-    # bf16 failed the gate: never served, whatever the CPU.
-    (BF16_CPU, None, gate(bf16_passes=False), "fp32", None),
-    # Timed on this kind of CPU: the fastest gate-passed precision it runs.
-    (BF16_CPU, {"machine": "aarch64", "bf16_instructions": True}, gate(int8_ms=40.0), "int8",
-     "torch int8 (torchao dynamic): fastest of the gate-passed pairs this CPU runs (fp32 240.0 ms, bf16 60.0 ms, "
-     "int8 40.0 ms per batch, timed on this kind of CPU); CPU: aarch64: all 16 processors list bf16 in Features"),
-    (NO_BF16_CPU, {"machine": "aarch64", "bf16_instructions": False}, gate(bf16_ms=10.0, int8_ms=40.0), "int8", None),
-])
-def test_the_server_picks_the_fastest_gate_passed_precision_its_cpu_runs(tmp_path, cpu, measured_on, figures,
-                                                                         expected, why):
-    write_record(tmp_path, figures, measured_on)
-    chosen, reason = precisions.choose_explained(tmp_path, None, cpu)
-    assert chosen == expected, reason
-    assert "\n" not in reason
-    if why is not None:
-        assert reason == why
-
-
-@pytest.mark.py313
-def test_archives_without_a_record_and_old_records_keep_working(tmp_path):
-    assert precisions.choose_explained(tmp_path, None, BF16_CPU) == (
-        "fp32", "the model has no precision.json (packaged before the accuracy gate)")
-    # A record from before accuracy and speed were apart (issue 21's format): its figures say what passed.
-    old = {"precision": "bf16", "gate": {"min_agreement": 0.99, "max_probability_change": 0.05},
-           "figures": {"fp32": {"agreement": 1.0, "max_change": 0.0, "ms_per_batch": 9.0, "passed": True},
-                       "bf16": {"agreement": 1.0, "max_change": 0.01, "ms_per_batch": 5.0, "passed": True}}}
-    (tmp_path / precisions.RECORD).write_text(json.dumps(old))
-    assert precisions.choose(tmp_path, None, BF16_CPU) == "bf16"
-    assert precisions.choose(tmp_path, None, NO_BF16_CPU) == "fp32"
-
-
-@pytest.mark.py313
-def test_an_override_is_served_on_any_cpu_but_says_what_bf16_costs_without_instructions(tmp_path):
-    write_record(tmp_path, gate())
-    chosen, reason = precisions.choose_explained(tmp_path, "bf16", NO_BF16_CPU)
-    assert chosen == "bf16"
-    assert reason == ("SENTIMENT_PRECISION=bf16 (torch bf16 weights), which passed this model's accuracy gate; this "
-                      "CPU has no bf16 "
-                      "instructions (aarch64: 16 of 16 processors list no bf16 in Features): oneDNN converts to fp32 "
-                      "and back, slower than fp32")
-    write_record(tmp_path, gate(bf16_passes=False))
-    with pytest.raises(PrecisionRefused, match=r"SENTIMENT_PRECISION=bf16 failed this model's accuracy gate"):
-        precisions.choose(tmp_path, "bf16", BF16_CPU)
-
-
 def test_the_settings_accept_graviton2_and_refuse_bf16_there():
     from settings import SettingsError, load_settings
 
     for instance_type in ("ml.c6g.4xlarge", "ml.m6g.2xlarge", "ml.r6g.xlarge"):
         config = load_settings("dev", {"sentiment.instance_type": instance_type}).sentiment
-        assert config.precision is None  # the archive's record, served fp32 there by the CPU check
+        assert config.precision is None  # the calibration chooses there (no bf16 pair on Graviton2)
         with pytest.raises(SettingsError) as refused:
             load_settings("dev", {"sentiment.instance_type": instance_type, "sentiment.precision": "bf16"})
         message = str(refused.value)

@@ -21,13 +21,12 @@ import pytest
 
 from inference.sentiment import accuracy_check, int8_target, onnx_engine, onnx_export
 from inference.sentiment import precision as precisions
-from inference.sentiment.cpu_features import Bf16Support, this_cpu
+from inference.sentiment.cpu_features import Bf16Support
 from inference.sentiment.precision import Figures, PrecisionRefused
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "training" / "data" / "sample" / "train.jsonl"
 BF16_CPU = Bf16Support(True, "x86_64: all 2 processors have avx512_bf16", "x86_64")
-NO_BF16_CPU = Bf16Support(False, "aarch64: 2 of 2 processors list no bf16 in Features", "aarch64")
 LABELS = {"id2label": {0: "negative", 1: "neutral", 2: "positive"},
           "label2id": {"negative": 0, "neutral": 1, "positive": 2}}
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
@@ -104,12 +103,16 @@ def all_pass(int8_onnx=(1.0, 0.004, 30.0)) -> list[Figures]:
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("architecture", ["roberta", "bert", "distilbert", "deberta-v3"])
 def test_each_architecture_exports_with_dynamic_axes_and_its_onnx_pairs_pass_the_gate(architecture, model_dir,
-                                                                                     tmp_path):
+                                                                                     exported_dir, tmp_path):
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    directory = build_tiny(architecture, tmp_path / architecture, model_dir)
-    manifest = onnx_export.export(directory, directory / "onnx", int8_target=GRAVITON)
+    if architecture == "roberta":  # the module's exported_dir is that export: the same model, the same call
+        directory = exported_dir
+        manifest = json.loads((directory / "onnx" / "export.json").read_text())
+    else:
+        directory = build_tiny(architecture, tmp_path / architecture, model_dir)
+        manifest = onnx_export.export(directory, directory / "onnx", int8_target=GRAVITON)
     assert manifest.get("error") is None and manifest["errors"] == {}, manifest
     assert set(manifest["graphs"]) == {"onnx-fp32", "onnx-int8"}
     assert manifest["versions"]["onnxruntime"] == "1.32.0" and manifest["opset"] == 18
@@ -143,19 +146,19 @@ def _int8_weight_range(graph: Path) -> tuple[int, int]:
     return min(int(value.min()) for value in values), max(int(value.max()) for value in values)
 
 
-def test_the_int8_graph_has_8_bit_weights_for_graviton_and_7_bit_for_x86_without_vnni(model_dir, tmp_path):
+def test_the_int8_graph_has_8_bit_weights_for_graviton_and_7_bit_for_x86_without_vnni(exported_dir, tmp_path):
     """What ONNX Runtime's quantizer wrote, read back from the graphs: an archive for ml.c7g carries full-range
     weights; one for ml.c5 (may land on Skylake, no VNNI) keeps them within 7 bits."""
     graphs = {}
-    manifest = onnx_export.export(model_dir, tmp_path, int8_target=GRAVITON)  # one fp32 graph, quantized twice
-    made = {"ml.c7g.4xlarge": manifest["int8"]}
-    made["ml.c5.xlarge"] = onnx_export.quantize_int8(tmp_path / onnx_engine.GRAPHS["onnx-fp32"], tmp_path / "c5.onnx",
+    onnx_dir = exported_dir / onnx_engine.ONNX_DIR  # exported for ml.c7g; its fp32 graph quantized again for ml.c5
+    made = {"ml.c7g.4xlarge": json.loads((onnx_dir / "export.json").read_text())["int8"]}
+    made["ml.c5.xlarge"] = onnx_export.quantize_int8(onnx_dir / onnx_engine.GRAPHS["onnx-fp32"], tmp_path / "c5.onnx",
                                                      tmp_path, int8_target.for_instance_type("ml.c5.xlarge"))
     for instance_type, done in made.items():
         target = int8_target.for_instance_type(instance_type)
         assert (done["weight_bits"], done["target"]) == (target.weight_bits, instance_type)
         assert f"reduce_range={target.reduce_range})" in done["method"]
-    graphs["ml.c7g.4xlarge"] = _int8_weight_range(tmp_path / onnx_engine.GRAPHS["onnx-int8"])
+    graphs["ml.c7g.4xlarge"] = _int8_weight_range(onnx_dir / onnx_engine.GRAPHS["onnx-int8"])
     graphs["ml.c5.xlarge"] = _int8_weight_range(tmp_path / "c5.onnx")
     # Symmetric int8 weights: the full range reaches +-127; the reduced one stops at +-64 (ONNX Runtime's 7-bit).
     assert max(map(abs, graphs["ml.c7g.4xlarge"])) == 127, graphs
@@ -209,11 +212,13 @@ def test_a_model_whose_export_fails_still_packages_and_serves_on_torch(model_dir
         names = tar.getnames()
         tar.extractall(extracted, filter="data")
     assert "onnx/export.json" in names and "onnx/model.fp32.onnx" not in names
-    chosen, why = precisions.choose_explained(extracted, None)  # the server's start-up line
-    assert chosen in ("fp32", "bf16", "int8")
-    assert "no ONNX Runtime pair: the ONNX export failed at packaging (UnsupportedOperatorError" in why
-    loaded = models.load(extracted, threads=1)
-    assert loaded.precision == chosen and isinstance(loaded.sentiment.model, torch.nn.Module)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="inference.sentiment.server.model"):
+        loaded = models.load(extracted, threads=1)
+    [why] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("calibration: ")]
+    assert "not run here: onnx-fp32: no onnx/model.fp32.onnx: the export failed at packaging (UnsupportedOperator" \
+        in why  # the server's start-up line
+    assert loaded.precision in ("fp32", "bf16", "int8") and isinstance(loaded.sentiment.model, torch.nn.Module)
     assert len(models.predict([models.encode(precisions_request(), loaded)], loaded)) == 1
     precisions.activate("fp32")
 
@@ -224,61 +229,33 @@ def precisions_request():
     return handler.Request(["lovely weather"])
 
 
-def test_an_archive_from_before_onnx_chooses_and_serves_as_before(model_dir, extracted, tmp_path):
-    """No onnx/ folder, a record of fp32/bf16/int8 only (and none at all): the choice of #26/#32, served on torch."""
+def test_an_archive_from_before_onnx_serves_on_torch_and_says_why_the_onnx_pairs_did_not_run(extracted):
+    """No onnx/ folder: the calibration runs torch's pairs only, and its line says why the others did not run."""
+    from inference.sentiment import calibration
     from inference.sentiment.server import model as models
 
-    old = tmp_path / "old"
-    shutil.copytree(model_dir, old)
-    write_record(old, all_pass()[:3])  # precision.json as written before this change
-    assert precisions.read_record(old)["precision"] == "bf16"
-    assert precisions.choose(old, None, BF16_CPU) == "bf16"
-    assert precisions.choose(old, None, NO_BF16_CPU) == "fp32"
-    # and an old record whose pairs passed, but whose archive lacks the graphs: an onnx pair is never picked
-    write_record(old, all_pass())
-    chosen, why = precisions.choose_explained(old, None, NO_BF16_CPU)
-    assert chosen == "fp32" and "onnx-fp32 passed, but no onnx/model.fp32.onnx in the model" in why
-    assert precisions.choose(old, None, BF16_CPU) == "bf16"
-    assert not (extracted / "onnx").exists() and not (extracted / precisions.RECORD).exists()
+    assert not (extracted / "onnx").exists()
+    done = calibration.calibrate(extracted, threads=1, cpu=BF16_CPU)
+    assert [entry.precision for entry in done.figures] == ["fp32", "bf16", "int8"]
+    assert "not run here: onnx-fp32: no onnx/model.fp32.onnx in the model" in done.line
     loaded = models.load(extracted, threads=1)
-    assert loaded.precision == "fp32" and not isinstance(loaded.sentiment.model, onnx_engine.OnnxClassifier)
+    assert loaded.precision in ("fp32", "bf16", "int8") and not isinstance(loaded.sentiment.model,
+                                                                           onnx_engine.OnnxClassifier)
+    precisions.activate("fp32")
 
 
-def test_without_timings_from_this_kind_of_cpu_the_default_order_places_onnx_runtime(exported_dir, tmp_path):
+def test_an_override_of_a_pair_the_archive_lacks_is_refused_and_a_bad_value_names_the_pairs(exported_dir, tmp_path):
+    from inference.sentiment import calibration
+
     directory = tmp_path / "model"
     shutil.copytree(exported_dir, directory)
-    write_record(directory, all_pass())  # timed on no CPU: the default order decides
-    chosen, why = precisions.choose_explained(directory, None, BF16_CPU)
-    assert chosen == "onnx-int8" and why.startswith("ONNX Runtime int8 (dynamic): gate passed")
-    assert "default order onnx-int8 > bf16 > onnx-fp32 > fp32" in why
-    assert precisions.choose(directory, None, NO_BF16_CPU) == "onnx-fp32"  # int8 only where timed
-    # Timings from this kind of CPU decide over the order: here torch int8 was fastest.
-    cpu = this_cpu()
-    measured_on = {"machine": cpu.machine, "bf16_instructions": cpu.available}
-    write_record(directory, [*all_pass()[:2], Figures("int8", 1.0, 0.005, 20.0), *all_pass()[3:]], measured_on)
-    chosen, why = precisions.choose_explained(directory, None, cpu)
-    assert chosen == "int8" and "timed on this kind of CPU" in why and "onnx-int8 30.0 ms" in why
-
-
-def test_an_override_of_a_pair_that_failed_the_gate_is_refused_with_its_figures(exported_dir, tmp_path):
-    directory = tmp_path / "model"
-    shutil.copytree(exported_dir, directory)
-    write_record(directory, all_pass(int8_onnx=(0.965, 0.081, 25.0)))
-    with pytest.raises(PrecisionRefused) as refused:
-        precisions.choose(directory, "onnx-int8", BF16_CPU)
-    message = str(refused.value)
-    assert "SENTIMENT_PRECISION=onnx-int8 failed this model's accuracy gate (onnx-int8: labels agree 96.5%" in message
-    assert "max probability change 0.0810 (allowed 0.05)" in message
-    assert "allowed: fp32, bf16, int8, onnx-fp32 " in message
-    assert precisions.choose(directory, "ONNX-FP32", BF16_CPU) == "onnx-fp32"  # a passed one is served
-    # A pair whose graph the archive lacks cannot be forced either; a bad value names key, value and choices.
     (directory / "onnx" / "model.fp32.onnx").unlink()
     with pytest.raises(PrecisionRefused, match=r"SENTIMENT_PRECISION=onnx-fp32 \(ONNX Runtime fp32\) cannot run: "
                                                r"no onnx/model.fp32.onnx in the model"):
-        precisions.choose(directory, "onnx-fp32", BF16_CPU)
+        calibration.candidates(directory, "onnx-fp32", BF16_CPU)
     with pytest.raises(ValueError, match=r"SENTIMENT_PRECISION='onnx-fp16' is not a precision; allowed: fp32, bf16, "
                                          r"int8, onnx-fp32, onnx-int8 \(fp32: torch fp32;"):
-        precisions.choose(directory, "onnx-fp16", BF16_CPU)
+        calibration.candidates(directory, "onnx-fp16", BF16_CPU)
 
 
 def test_the_settings_accept_the_onnx_pairs_and_name_the_allowed_values():
@@ -327,24 +304,21 @@ def handler_request(texts, top_k=None):
     return handler.Request(texts, top_k)
 
 
-def test_a_chosen_onnx_pair_whose_session_cannot_start_gives_way_to_torch_with_a_warning(exported_dir, tmp_path,
-                                                                                        caplog):
+def test_an_onnx_pair_whose_session_cannot_start_is_not_served_and_the_line_says_why(exported_dir, tmp_path,
+                                                                                      caplog):
     from inference.sentiment.server import model as models
 
     directory = tmp_path / "model"
     shutil.copytree(exported_dir, directory)
-    cpu = this_cpu()
-    write_record(directory, all_pass(int8_onnx=(1.0, 0.004, 1.0)),
-                 {"machine": cpu.machine, "bf16_instructions": cpu.available})
-    assert precisions.choose(directory, None) == "onnx-int8"
     (directory / "onnx" / "model.int8.onnx").write_bytes(b"not a graph")
-    with caplog.at_level(logging.WARNING, logger="inference.sentiment.server.model"):
+    with caplog.at_level(logging.INFO, logger="inference.sentiment.server.model"):
         loaded = models.load(directory, threads=1)
-    assert loaded.precision in ("fp32", "bf16", "int8")
-    [line] = [record.getMessage() for record in caplog.records if "could not start" in record.getMessage()]
-    assert line.startswith("precision onnx-int8 could not start (") and f"serving {loaded.precision} instead" in line
-    with pytest.raises(Exception):  # noqa: B017 - ONNX Runtime's own error type: an override does not fall back
-        models.load(directory, threads=1, precision_override="onnx-int8")
+    assert loaded.precision != "onnx-int8"
+    [line] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("calibration: ")]
+    assert "; onnx-int8 cannot run (" in line and f"calibration: serving {loaded.precision} " in line
+    with pytest.raises(PrecisionRefused, match=r"SENTIMENT_PRECISION=onnx-int8 does not answer like fp32 on this "
+                                               r"CPU: onnx-int8: not measured \("):
+        models.load(directory, threads=1, precision_override="onnx-int8")  # an override does not fall back
     precisions.activate("fp32")
 
 
@@ -357,9 +331,9 @@ needs_image_venv = pytest.mark.skipif(
 @pytest.mark.servers
 @needs_image_venv
 def test_the_image_server_serves_an_onnx_pair_through_its_real_request_path(exported_dir, model_dir, tmp_path):
-    """The exported model with a gate record, served from .venv-image (the image's packages) with
-    SENTIMENT_PRECISION=onnx-fp32: it says so in one line and answers like the handler's torch fp32. (Packaging
-    with the real gate and serving its recorded choice: test_precision.py's image-server test.)"""
+    """The exported model served from .venv-image (the image's packages) with SENTIMENT_PRECISION=onnx-fp32: the
+    calibration checks it here and says so in one line, and it answers like the handler's torch fp32. (Packaging
+    with the real gate and serving the calibration's choice: test_precision.py's image-server test.)"""
     from inference.sentiment import inference as handler
     from inference.sentiment.server import local
 
@@ -371,8 +345,8 @@ def test_the_image_server_serves_an_onnx_pair_through_its_real_request_path(expo
     with local.LocalServer(directory, env={"SENTIMENT_PRECISION": "onnx-fp32"},
                            args=("--max-batch-wait-ms", "100")) as server:
         assert any(line.startswith("serving ") and "precision onnx-fp32," in line for line in server.lines)
-        [why] = [line for line in server.lines if " precision onnx-fp32: " in line]
-        assert "SENTIMENT_PRECISION=onnx-fp32 (ONNX Runtime fp32), which passed this model's accuracy gate" in why
+        [why] = [line for line in server.lines if " calibration: serving onnx-fp32 " in line]
+        assert "SENTIMENT_PRECISION=onnx-fp32, which answers like fp32 here" in why
         answers: dict[int, object] = {}
 
         def client(index: int) -> None:  # concurrent clients: their requests share the server's batches

@@ -32,6 +32,10 @@ JSON = "application/json"
 GOOD = json.dumps({"inputs": ["lovely weather", "terrible service"]}).encode()
 BAD_UTF8 = b'{"inputs": "caf\xe9 \xff"}'
 
+# These tests are about the server's mechanics (batching, overload, signals), not its choice of engine: fp32 skips the
+# start-up race (its accuracy check still runs); the choice is tested in test_calibration.py and test_precision.py.
+FP32 = ("--precision", "fp32")
+
 
 def post(port, body, content_type=JSON, accept=None, timeout=60):
     """(status, headers, body) of one POST /invocations on a fresh connection."""
@@ -83,7 +87,7 @@ def session_processes(server: local.LocalServer) -> list[psutil.Process]:
 def server(archive, tmp_path_factory):
     """Today's archive (training.package, code/ and all) under our server; batches wait up to 200 ms for company."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    running = local.LocalServer(archive, args=("--max-batch-wait-ms", "200"), log=log)
+    running = local.LocalServer(archive, args=(*FP32, "--max-batch-wait-ms", "200"), log=log)
     running.start()
     yield running
     assert running.stop() == 0
@@ -201,7 +205,7 @@ def test_an_overloaded_server_answers_429_at_once_with_the_retry_hint_and_the_qu
         archive, tmp_path):
     # One text fills the queue, and a batch waits up to 1 s for company: of six requests sent at once, one is
     # queued and answered after that second; the other five are refused while it waits.
-    with local.LocalServer(archive, args=("--max-queue", "1", "--max-batch-wait-ms", "1000"),
+    with local.LocalServer(archive, args=(*FP32, "--max-queue", "1", "--max-batch-wait-ms", "1000"),
                            log=tmp_path / "server.log") as running:
         results, start = {}, threading.Barrier(6)
 
@@ -230,7 +234,7 @@ def test_an_overloaded_server_answers_429_at_once_with_the_retry_hint_and_the_qu
 def test_200_clients_at_once_against_a_small_queue_get_only_200_and_429_and_it_still_answers(archive, tmp_path):
     """What `make serve-local MODEL=... ARGS="--max-queue 8"` runs, hit by 200 clients at the same moment: every
     answer is 200 or 429 (never a 5xx, which SageMaker counts in Invocation5XXErrors), every client gets one."""
-    with local.LocalServer(archive, args=("--max-queue", "8", "--workers", "2"),
+    with local.LocalServer(archive, args=(*FP32, "--max-queue", "8", "--workers", "2"),
                            log=tmp_path / "server.log") as running:
         results: dict[int, int | str] = {}
         start = threading.Barrier(200)
@@ -257,7 +261,7 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0_within_25
     """Two replicas; eight requests wait in their batches (1 s for company) and eight clients keep sending while
     SIGTERM arrives. Every request the server accepted is answered (200), the others are refused by a closed
     port or connection (never a 5xx), and the server exits 0 well inside SageMaker's 30 s."""
-    running = local.LocalServer(archive, args=("--workers", "2", "--max-batch-wait-ms", "1000"),
+    running = local.LocalServer(archive, args=(*FP32, "--workers", "2", "--max-batch-wait-ms", "1000"),
                                 log=tmp_path / "server.log").start()
     port = running.port
     stop = threading.Event()
@@ -305,7 +309,7 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0_within_25
 def test_a_signal_to_the_group_twice_at_once_stops_it_like_one(archive, tmp_path, signum, status):
     """A terminal's Ctrl-C: every process of the group gets it, twice within a millisecond. (SIGTERM's status comes
     from the same code, `common.processes.exit_status`; SIGTERM runs in tests/inference/test_signals.py's modes.)"""
-    running = local.LocalServer(archive, log=tmp_path / "server.log").start()
+    running = local.LocalServer(archive, args=FP32, log=tmp_path / "server.log").start()
     port = running.port
     os.killpg(running.process.pid, signum)
     os.killpg(running.process.pid, signum)
@@ -315,7 +319,7 @@ def test_a_signal_to_the_group_twice_at_once_stops_it_like_one(archive, tmp_path
 
 
 def test_sigterm_during_start_up_stops_while_the_model_loads(archive, tmp_path):
-    running = local.LocalServer(archive, log=tmp_path / "server.log").launch()
+    running = local.LocalServer(archive, args=FP32, log=tmp_path / "server.log").launch()
     try:
         deadline = time.monotonic() + 60
         while not any(line.startswith("sentiment server: starting") for line in running.lines):

@@ -36,11 +36,12 @@ TERM, INT = signal.SIGTERM, signal.SIGINT
 def _image_server(port, workdir, archive):
     """The serving image's entry point, from the venv with the image's requirements (what `make serve-local` runs)."""
     return [str(image_server.IMAGE_PYTHON), "-m", "inference.sentiment.server", "serve", "--model-dir", str(archive),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "2"]
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--precision", "fp32"]  # no start-up race
 
 
 def _make_serve_local(port, workdir, archive):
-    return ["make", "--no-print-directory", "-o", "image-venv", "serve-local", f"MODEL={archive}", f"PORT={port}"]
+    return ["make", "--no-print-directory", "-o", "image-venv", "serve-local", f"MODEL={archive}", f"PORT={port}",
+            "ARGS=--precision fp32"]
 
 
 SERVERS = [

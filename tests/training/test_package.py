@@ -112,20 +112,23 @@ def test_packaging_records_the_gates_choice_and_figures(packaged, tmp_path):
     extracted = tmp_path / "opt-ml-model"
     with tarfile.open(output, "r:gz") as tar:
         tar.extractall(extracted, filter="data")
-    assert precision.choose(extracted, None) == record["precision"]
+    assert precision.read_record(extracted) == record
 
 
-def test_skip_gate_writes_no_record_and_the_archive_serves_fp32(trained, tmp_path, capsys):
-    from inference.sentiment import precision
+def test_skip_gate_writes_no_record_and_no_graphs_and_the_server_chooses_among_torchs_pairs(trained, tmp_path,
+                                                                                           capsys):
+    from inference.sentiment import calibration
+    from inference.sentiment.cpu_features import this_cpu
 
     output = tmp_path / "model.tar.gz"
     assert package.main(["--model-dir", str(trained.output_dir), "--output", str(output), "--skip-gate"]) == 0
-    assert "no precision.json (--skip-gate)" in capsys.readouterr().out
+    assert "no precision.json and no ONNX graphs (--skip-gate)" in capsys.readouterr().out
     assert package.read_archive_record(output) is None
     extracted = tmp_path / "opt-ml-model"
     with tarfile.open(output, "r:gz") as tar:
         tar.extractall(extracted, filter="data")
-    assert precision.choose(extracted, None) == "fp32"
+    names, skipped = calibration.candidates(extracted, None, this_cpu())
+    assert set(names) <= {"fp32", "bf16", "int8"} and {"onnx-fp32", "onnx-int8"} <= set(skipped)
 
 
 def copy_model(trained, tmp_path) -> Path:

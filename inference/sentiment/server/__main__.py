@@ -116,7 +116,8 @@ class Server:
 
         config = self.config
         self.loaded = loaded = models.load(config.model_dir, threads=config.threads,
-                                           precision_override=config.precision, replicas=config.workers)
+                                           precision_override=config.precision, replicas=config.workers,
+                                           calibration_seconds=config.calibration_seconds)
 
         def run_batch(items):
             return models.predict(items, loaded)
@@ -226,9 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="longest wait for accepted requests after SIGTERM (default: SENTIMENT_DRAIN_SECONDS, "
                             "else 22; at most 24)")
     serve.add_argument("--precision", default=None,
-                       help="override the model's recorded (engine, precision) pair: one of "
-                            f"{', '.join(precision.PRECISIONS)} (onnx-*: ONNX Runtime; default: SENTIMENT_PRECISION, "
-                            "else the record)")
+                       help="serve this (engine, precision) pair instead of the fastest one measured here, if it "
+                            f"answers like fp32 on this CPU: one of {', '.join(precision.PRECISIONS)} (onnx-*: ONNX "
+                            "Runtime; default: SENTIMENT_PRECISION, else the calibration's choice)")
+    serve.add_argument("--calibration-seconds", type=int, default=None,
+                       help="longest the start-up choice of engine and precision may measure before the best pair "
+                            "so far wins (default: SENTIMENT_CALIBRATION_SECONDS, else 60)")
     return parser
 
 
@@ -244,16 +248,14 @@ class _StoppedDuringStartup(Exception):
     pass
 
 
-def _set_torch_environment(config: ServerConfig, chosen: str) -> None:
-    """Thread budget and oneDNN math mode into this process's environment, before anything imports torch:
-    OpenMP and oneDNN read them once, when torch loads them."""
+def _set_torch_environment(config: ServerConfig) -> None:
+    """The replicas' thread budget into this process's environment, before anything imports torch: OpenMP and
+    oneDNN read it once, when torch loads them. oneDNN's math mode is not set here: the calibration sets each
+    pair's at run time (`precision.activate`), and the one pair served keeps its own."""
     os.environ.update(worker_environment(config))
-    for name, value in precision.process_environment(chosen).items():
-        os.environ.setdefault(name, value)
     if "torch" in sys.modules:  # a bug: the variables would not take effect
-        LOG.warning("torch was imported before the server set its environment; thread and math settings may not "
-                    "apply")
-    names = sorted({*worker_environment(config), *precision.process_environment(chosen)})
+        LOG.warning("torch was imported before the server set its environment; thread settings may not apply")
+    names = sorted(worker_environment(config))
     LOG.info("environment for torch: %s", ", ".join(f"{name}={os.environ[name]}" for name in names))
 
 
@@ -295,13 +297,13 @@ def main(argv: list[str] | None = None) -> int:
                           max_batch_tokens=args.max_batch_tokens, max_batch_wait_ms=args.max_batch_wait_ms,
                           max_queue=args.max_queue, max_queue_tokens=args.max_queue_tokens,
                           request_timeout_ms=args.request_timeout_ms, drain_seconds=args.drain_seconds,
-                          precision=args.precision, host=args.host)
+                          precision=args.precision, host=args.host,
+                          calibration_seconds=args.calibration_seconds)
         model_dir, workdir = resolve_model((args.model_dir or config.model_dir).absolute())
         config = ServerConfig(**{**asdict(config), "model_dir": model_dir})
-        # A refused override stops here, with its figures; else one line says what runs and why (the serving CPU).
-        chosen, why = precision.choose_explained(model_dir, config.precision)
-        LOG.info("precision %s: %s", chosen, why)
-        _set_torch_environment(config, chosen)
+        if config.precision:  # a name that is no pair stops here; whether the pair answers like fp32, at load
+            precision.parse_override(config.precision)
+        _set_torch_environment(config)
         listener = bind(config)
         server = Server(config, listener)
         _load(server, signals)

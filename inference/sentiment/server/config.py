@@ -24,6 +24,7 @@ MAX_QUEUE_TOKENS_ENV = "SENTIMENT_MAX_QUEUE_TOKENS"
 REQUEST_TIMEOUT_MS_ENV = "SENTIMENT_REQUEST_TIMEOUT_MS"
 PRECISION_ENV = "SENTIMENT_PRECISION"
 DRAIN_SECONDS_ENV = "SENTIMENT_DRAIN_SECONDS"
+CALIBRATION_SECONDS_ENV = "SENTIMENT_CALIBRATION_SECONDS"
 WORKERS_ENV = "SAGEMAKER_MODEL_SERVER_WORKERS"
 THREADS_ENV = "OMP_NUM_THREADS"
 PORT_ENV = "SAGEMAKER_BIND_TO_PORT"
@@ -48,6 +49,9 @@ DEFAULT_MAX_QUEUE_TOKENS = 16384
 DEFAULT_DRAIN_SECONDS = 22
 MAX_DRAIN_SECONDS = 24
 DEFAULT_REQUEST_TIMEOUT_MS = 20_000
+# The start-up choice of engine and precision on this CPU (inference.sentiment.calibration): its time budget.
+DEFAULT_CALIBRATION_SECONDS = 60
+MAX_CALIBRATION_SECONDS = 1800
 
 
 class ConfigError(ValueError):
@@ -77,6 +81,8 @@ class ServerConfig:
     # A request not started within this is dropped unrun and answered 504; also the bound past which a forward
     # pass counts as stuck (its replica is replaced and /ping fails when none is left).
     request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    # How long the start-up choice of engine and precision may measure before the best pair so far wins.
+    calibration_seconds: int = DEFAULT_CALIBRATION_SECONDS
 
     def __post_init__(self) -> None:
         for name, value, low, high in (
@@ -90,6 +96,7 @@ class ServerConfig:
             (MAX_QUEUE_TOKENS_ENV, self.max_queue_tokens, 16, 10_000_000),
             (DRAIN_SECONDS_ENV, self.drain_seconds, 1, MAX_DRAIN_SECONDS),
             (REQUEST_TIMEOUT_MS_ENV, self.request_timeout_ms, 100, MAX_DRAIN_SECONDS * 1000 - 1000),
+            (CALIBRATION_SECONDS_ENV, self.calibration_seconds, 1, MAX_CALIBRATION_SECONDS),
         ):
             if not low <= value <= high:
                 raise ConfigError(f"{name}={value}: must be between {low} and {high}")
@@ -150,6 +157,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides) -> ServerConfig:
         "request_timeout_ms": _int(env, REQUEST_TIMEOUT_MS_ENV, DEFAULT_REQUEST_TIMEOUT_MS),
         "precision": env.get(PRECISION_ENV, "").strip().lower() or None,
         "drain_seconds": _int(env, DRAIN_SECONDS_ENV, DEFAULT_DRAIN_SECONDS),
+        "calibration_seconds": _int(env, CALIBRATION_SECONDS_ENV, DEFAULT_CALIBRATION_SECONDS),
     }
     values.update({key: value for key, value in overrides.items() if value is not None})
     return ServerConfig(**values)

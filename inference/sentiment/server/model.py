@@ -6,14 +6,13 @@ retired TorchServe image carry (handler, handler service, requirements, wheels),
 handler (`inference.sentiment.inference`) and every Python dependency, so nothing is imported from the archive or
 installed at start-up.
 
-The engine and precision come from `inference.sentiment.precision.choose`: the fastest (engine, precision) pair that
-passed the accuracy gate recorded in the model directory and that this CPU and archive run (bf16 only with bf16
-instructions; ONNX Runtime only where the archive carries its exported graph), unless the endpoint overrides it
-(`SENTIMENT_PRECISION`); torch fp32 for a model without a record. The server logs the choice and why. An ONNX
-Runtime pair sits behind the handler's forward-pass seam (`model.model(**batch).logits`,
-`inference.sentiment.onnx_engine.OnnxClassifier`), so nothing below this module knows which engine runs; if its
-session cannot be built, a chosen (not overridden) ONNX Runtime pair gives way to the best torch pair, with a
-warning line saying why.
+The engine and precision are chosen here, on the CPU that serves, before `/ping` answers: `load` runs
+`inference.sentiment.calibration`, which checks every pair the archive carries and this CPU runs against torch fp32
+on held-out texts, times the passing ones and keeps the fastest loaded (an override, `SENTIMENT_PRECISION`, skips
+the choice but not the check: a pair that does not answer like fp32 here is refused with its figures). One log line
+says the choice, every pair's figures and the CPU. An ONNX Runtime pair sits behind the handler's forward-pass seam
+(`model.model(**batch).logits`, `inference.sentiment.onnx_engine.OnnxClassifier`), so nothing below this module
+knows which engine runs; a pair whose session cannot be built is measured as "cannot run" and not chosen.
 
 Each request is tokenized once when it arrives (`encode`: its token count is what the queue budgets); the
 requests of a batch then go through the handler's own forward-pass plan (`predict_encoded`: length-sorted
@@ -31,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inference.sentiment import calibration
 from inference.sentiment import inference as handler
-from inference.sentiment import precision as precisions
 
 LOG = logging.getLogger(__name__)
 _WARMUP_TEXTS = ["Warm-up text so the first real request does not pay for kernel selection.", "ok"]
@@ -50,45 +49,22 @@ class ModelDirError(ValueError):
     """The model directory holds no model; one line for the user."""
 
 
-def load(model_dir: Path, *, threads: int, precision_override: str | None = None, replicas: int = 1) -> LoadedModel:
-    """Tokenizer and classifier from the directory's root, at the chosen pair, warmed up once (`replicas`: the
-    replica threads that will call it; an ONNX Runtime pair gives each its own session)."""
+def load(model_dir: Path, *, threads: int, precision_override: str | None = None, replicas: int = 1,
+         calibration_seconds: float = calibration.DEFAULT_BUDGET_S) -> LoadedModel:
+    """Tokenizer and classifier from the directory's root, at the pair the calibration chose on this CPU, warmed up
+    by it (`replicas`: the replica threads that will call it; an ONNX Runtime pair gives each its own session)."""
     import torch
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # a loading bar per worker start is noise in the endpoint's log
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ModelDirError(f"{model_dir}: no config.json at its root, not a saved model")
     started = time.perf_counter()
     handler.Limits.from_env()  # a bad limit stops the worker at start, not every request
-    chosen = precisions.choose(model_dir, precision_override)
     torch.set_num_threads(threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    try:
-        sentiment = _ready(model_dir, chosen, tokenizer, threads, replicas)
-    except Exception as error:
-        if precision_override or chosen not in precisions.ONNX_PRECISIONS:
-            raise
-        fallback, why = precisions.choose_explained(model_dir, None, torch_only=True)
-        LOG.warning("precision %s could not start (%s: %s); serving %s instead: %s", chosen, type(error).__name__,
-                    str(error).splitlines()[0] if str(error) else "", fallback, why)
-        chosen = fallback
-        sentiment = _ready(model_dir, chosen, tokenizer, threads, replicas)
-    return LoadedModel(sentiment, chosen, time.perf_counter() - started, model_dir)
-
-
-def _ready(model_dir: Path, chosen: str, tokenizer, threads: int, replicas: int) -> handler.SentimentModel:
-    """The handler's model object for one pair, after one warm-up pass through the handler."""
-    model, config = precisions.load_engine(model_dir, chosen, threads=threads, replicas=replicas)
-    sentiment = handler.SentimentModel(
-        model=model, tokenizer=tokenizer, labels=handler.label_names(config.id2label),
-        max_length=handler.max_input_length(tokenizer, config), threads=threads,
-    )
-    handler.predict_fn(handler.Request(_WARMUP_TEXTS), sentiment)
-    return sentiment
+    done = calibration.calibrate(model_dir, override=precision_override, threads=threads, replicas=replicas,
+                                 budget_s=calibration_seconds)
+    LOG.info("%s", done.line)
+    return LoadedModel(done.sentiment, done.chosen, time.perf_counter() - started, model_dir)
 
 
 def warm_up(loaded: LoadedModel) -> None:
