@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -250,10 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     import tarfile
 
-    import torch
-
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Before torch loads: OpenMP and oneDNN as the server runs them (its wait policy, its cache limits), or the
+    # timings describe another process than the one that serves.
+    from inference.sentiment.server.config import torch_runtime_defaults
+
+    for name, value in torch_runtime_defaults().items():
+        os.environ.setdefault(name, value)
+    import torch
+
     if args.threads is not None and args.threads < 1:
         parser.error(f"--threads {args.threads}: must be at least 1")
     if args.budget <= 0:

@@ -49,6 +49,33 @@ def bf16_breaks(model_dir, tmp_path_factory) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def int8_breaks(model_dir, tmp_path_factory) -> Path:
+    """The tiny model whose last hidden state carries one channel at a constant 1000 that the classifier ignores:
+    exact arithmetic never sees it; dynamic int8, which quantizes a whole activation tensor with one scale, rounds
+    every other channel to nothing."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    directory = tmp_path_factory.mktemp("int8-breaks") / "model"
+    shutil.copytree(model_dir, directory)
+    model = AutoModelForSequenceClassification.from_pretrained(directory)
+    with torch.no_grad():
+        norm = model.roberta.encoder.layer[-1].output.LayerNorm
+        norm.weight[0], norm.bias[0] = 0.0, 1000.0
+        model.classifier.dense.weight[:, 0] = 0.0
+    model.save_pretrained(directory)
+    calibration.write_texts(directory, TEXTS)
+    return directory
+
+
+def test_a_model_whose_int8_fails_on_this_cpu_is_served_on_a_passing_pair_with_the_figures(int8_breaks):
+    done = calibration.calibrate(int8_breaks, threads=1, cpu=BF16_CPU)
+    int8 = {entry.precision: entry for entry in done.figures}["int8"]
+    assert not int8.passed() and (int8.agreement < precisions.MIN_AGREEMENT or int8.max_change > precisions.TOLERANCE)
+    assert done.chosen in ("fp32", "bf16") and f"int8 FAIL (agree {int8.agreement:.1%}, " in done.line
+
+
 def test_every_pair_is_checked_here_and_the_fastest_passing_one_is_kept_loaded(exported):
     from inference.sentiment import inference as handler
 
