@@ -188,6 +188,24 @@ if importlib.util.find_spec("xdist") is not None:  # the CPython 3.13 venv has n
         return ModuleGroups(config, log)
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_as_it_was():
+    """A CLI's main() run in-process configures the root logger (train_sentiment: `basicConfig(force=True)`) with a
+    handler on the stream pytest captured for that test, closed once the test ends; a later test's log line then
+    fails inside logging and prints the failing frame's source to stderr (a fresh-clone run saw a test's secret in
+    it). After each test, a plain stream handler it added to the root logger goes, and the root's level is restored
+    (pytest's own capture handlers come and go with each phase: left to pytest)."""
+    import logging
+
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if type(handler) is logging.StreamHandler and handler not in before:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
 def pytest_runtest_setup(item):
     marker = item.get_closest_marker("missing_prerequisite")
     if marker is not None:
