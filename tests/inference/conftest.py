@@ -45,6 +45,24 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bf16_breaks(model_dir, tmp_path_factory) -> Path:
+    """The tiny model with 1000 added to every class's bias: exact arithmetic ignores it, bf16 rounds the logits to
+    multiples of 4, so bf16 does not answer like fp32 on any CPU (a real failure, through real kernels)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    directory = tmp_path_factory.mktemp("bf16-breaks") / "model"
+    shutil.copytree(model_dir, directory)
+    model = AutoModelForSequenceClassification.from_pretrained(directory)
+    with torch.no_grad():
+        model.classifier.out_proj.bias += 1000.0
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def archive(model_dir, tmp_path_factory) -> Path:
     """model.tar.gz as training.package builds it for our server (no code/)."""
     from training import package

@@ -34,22 +34,6 @@ def exported(model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def bf16_breaks(model_dir, tmp_path_factory) -> Path:
-    """The tiny RoBERTa with 1000 added to every class's bias: the same answers in fp32 and int8, not in bf16."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    directory = tmp_path_factory.mktemp("bf16-breaks") / "model"
-    shutil.copytree(model_dir, directory)
-    model = AutoModelForSequenceClassification.from_pretrained(directory)
-    with torch.no_grad():
-        model.classifier.out_proj.bias += 1000.0
-    model.save_pretrained(directory)
-    calibration.write_texts(directory, TEXTS)
-    return directory
-
-
-@pytest.fixture(scope="module")
 def int8_breaks(model_dir, tmp_path_factory) -> Path:
     """The tiny model whose last hidden state carries one channel at a constant 1000 that the classifier ignores:
     exact arithmetic never sees it; dynamic int8, which quantizes a whole activation tensor with one scale, rounds

@@ -126,22 +126,6 @@ def recorded_dir(model_dir, tmp_path_factory) -> Path:
     return directory
 
 
-@pytest.fixture(scope="module")
-def bf16_breaks(model_dir, tmp_path_factory) -> Path:
-    """The tiny model with 1000 added to every class's bias: exact arithmetic ignores it, bf16 rounds the logits
-    to multiples of 4, so bf16 does not answer like fp32 on any CPU (test_calibration.py has the same model)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    directory = tmp_path_factory.mktemp("bf16-breaks") / "model"
-    shutil.copytree(model_dir, directory)
-    model = AutoModelForSequenceClassification.from_pretrained(directory)
-    with torch.no_grad():
-        model.classifier.out_proj.bias += 1000.0
-    model.save_pretrained(directory)
-    return directory
-
-
 def test_the_server_serves_what_its_calibration_chose_here_not_the_record(recorded_dir, caplog):
     import logging
 
