@@ -66,9 +66,9 @@ class SentimentSettings:
                                       ge=100, le=23_000, unit="ms")
     drain_seconds: int = setting(22, "our server: longest wait for accepted requests after SIGTERM (SIGKILL at 30 s)",
                                  ge=1, le=24, unit="s")
-    precision: Literal["fp32", "bf16", "int8", "onnx-fp32", "onnx-int8"] | None = setting(
+    precision: Literal["fp32", "bf16", "int8", "onnx-fp32", "onnx-int8", "onnx-bf16-fastmath"] | None = setting(
         None, "serve this engine and precision instead of the start-up choice, if it answers like fp32 on the "
-              "serving CPU (onnx-*: ONNX Runtime; bf16 needs c7g or c8g)")
+              "serving CPU (onnx-*: ONNX Runtime; bf16 and onnx-bf16-fastmath need c7g or c8g)")
     calibration_seconds: int = setting(60, "our server: longest the start-up choice of engine and precision may "
                                            "measure on the serving CPU (RoBERTa-base: 9 s on 2 Xeon vCPUs)",
                                        ge=5, le=1800, unit="s")
@@ -82,10 +82,11 @@ class SentimentSettings:
     @model_validator(mode="after")
     def _consistent(self) -> SentimentSettings:
         family = self.instance_type.split(".")[1] if self.instance_type.count(".") == 2 else ""
-        if self.precision == "bf16" and family.startswith(NO_BF16_FAMILIES):
+        if self.precision in ("bf16", "onnx-bf16-fastmath") and family.startswith(NO_BF16_FAMILIES):
             raise SettingsError("sentiment.precision", self.precision,
-                                f"fp32 or int8 on {self.instance_type} (Graviton2 has no bf16 instructions), or "
-                                "unset: the server then serves fp32 there; bf16 needs a c7g or c8g instance type")
+                                f"fp32, int8, onnx-fp32 or onnx-int8 on {self.instance_type} (Graviton2 has no bf16 "
+                                f"instructions), or unset: the server then chooses among those; {self.precision} "
+                                "needs a c7g or c8g instance type")
         if self.max_queue < self.max_batch:
             raise SettingsError("sentiment.max_queue", self.max_queue,
                                 f"at least sentiment.max_batch ({self.max_batch}): a full request must fit")

@@ -117,6 +117,10 @@ def measure(model_dir: Path, wanted: tuple[str, ...] = precisions.PRECISIONS, *,
     say = progress or (lambda line: None)
     texts = sample_texts() if texts is None else texts
     order = ["fp32", *[name for name in precisions.PRECISIONS if name in wanted and name != "fp32"]]
+    cpu = cpu_features.this_cpu()
+    for name in [name for name in order if precisions.cpu_reason(name, cpu)]:
+        say(f"gate: {name} ({precisions.label(name)}): not run here: {precisions.cpu_reason(name, cpu)}")
+        order.remove(name)
     loaded, reference, errors, accuracy = {}, None, {}, {}
     for name in order:
         say(f"gate: {name} ({precisions.label(name)}): loading and classifying {len(texts)} held-out texts")

@@ -5,7 +5,8 @@ several-fold even within x86; int8 kernels differ in accuracy, `inference.sentim
 both on this CPU, top to bottom, each step once:
 
 1. Candidates: every pair the archive carries and this CPU runs (torch fp32 and int8 everywhere, torch bf16 where
-   this CPU has bf16 instructions, the ONNX Runtime pairs where the archive has their graph and onnxruntime loads).
+   this CPU has bf16 instructions, the ONNX Runtime pairs where the archive has their graph and onnxruntime loads,
+   ONNX Runtime's bf16 fast math on aarch64 with bf16 instructions).
    An override (`sentiment.precision`) makes it that pair alone: it skips the choice, not the accuracy check.
 2. Accuracy: torch fp32 (the reference) and each candidate classify the held-out texts the archive ships
    (`calibration/texts.json`, written by `training.package`; for an archive packaged before it shipped them, the
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from inference.sentiment import precision as precisions
@@ -91,7 +92,7 @@ def candidates(model_dir: Path, override: str | None, cpu: Bf16Support) -> tuple
     names = [precisions.parse_override(override)] if override else list(precisions.PRECISIONS)
     wanted = []
     for name in names:
-        missing = precisions.unavailable(model_dir, name)
+        missing = precisions.unavailable(model_dir, name) or precisions.cpu_reason(name, cpu)
         if name == "bf16" and not cpu.available and not override:
             skipped[name] = f"this CPU has no bf16 instructions ({cpu.evidence})"
         elif missing:
@@ -245,7 +246,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="check this pair's accuracy here instead of choosing (sentiment.precision)")
     parser.add_argument("--threads", type=int, help="inference threads (default: torch's)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds the choice may take")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the choice, every pair's figures, the CPU and the versions here")
     return parser
+
+
+def as_record(done: Calibration) -> dict:
+    """What `--json` writes: the calibration and where it ran (`make check-arm` reads it from an emulated Arm CPU)."""
+    import platform
+
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if "onnxruntime" in sys.modules:  # loaded by an ONNX Runtime pair
+        versions["onnxruntime"] = sys.modules["onnxruntime"].__version__
+    return {"chosen": done.chosen, "seconds": round(done.seconds, 2), "machine": platform.machine(),
+            "cpu": this_cpu().evidence, "versions": versions,
+            "figures": [{key: value for key, value in asdict(entry).items() if value is not None}
+                        for entry in done.figures],
+            "dropped": done.dropped, "skipped": done.skipped, "line": done.line}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError) as error:  # PrecisionRefused is a ValueError
             print(f"{PROG}: error: {error}", file=sys.stderr)
             return 2
+    if args.json:
+        args.json.write_text(json.dumps(as_record(done), indent=1) + "\n")
     print(done.line)
     return 0
 

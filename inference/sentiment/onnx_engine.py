@@ -6,7 +6,7 @@ tensors. `OnnxClassifier` has that call shape: it feeds the graph the inputs it 
 object whose `.logits` is a torch tensor, so the batcher, the queue and the bucket plan do not know which engine
 runs. Nothing is exported, optimised to disk or downloaded here: the archive carries the graphs
 (`onnx/model.fp32.onnx`, `onnx/model.int8.onnx`, written by `inference.sentiment.onnx_export` at package time)
-and ONNX Runtime builds its session from them at start.
+and ONNX Runtime builds its session from them at start, with the pair's own options (`SESSION_CONFIG`).
 
 Sessions: the CPU execution provider; intra-op threads = the replica's threads (the server's OMP_NUM_THREADS),
 inter-op 1, idle threads sleep instead of spinning (the server sets OMP_WAIT_POLICY=PASSIVE for torch for the same
@@ -40,7 +40,15 @@ from typing import Any
 ONNX_DIR = "onnx"
 TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
 # Which graph each ONNX Runtime pair of `inference.sentiment.precision` runs.
-GRAPHS = {"onnx-fp32": "model.fp32.onnx", "onnx-int8": "model.int8.onnx"}
+GRAPHS = {"onnx-fp32": "model.fp32.onnx", "onnx-int8": "model.int8.onnx", "onnx-bf16-fastmath": "model.fp32.onnx"}
+# Session options a pair adds to the common ones. `onnx-bf16-fastmath` is the fp32 graph with MLAS's bf16 fast math:
+# fp32 MatMul computed by bf16 matrix instructions (BFMMLA) where the CPU has them. ONNX Runtime reads the option
+# on aarch64 Linux only (onnxruntime/core/providers/cpu/math/matmul.cc at 001d12d2, `#if defined(__aarch64__) &&
+# defined(__linux__)`: MatMul without transposes whose weight has at least kFastMathModeKernelsizeThreshold
+# elements), so elsewhere the pair would be onnx-fp32 under another name (`precision.cpu_reason` keeps it off).
+# Seen under QEMU (`make check-arm`, Neoverse V1): it moves the tiny model's probabilities by about 0.005; on x86
+# by 0.0.
+SESSION_CONFIG = {"onnx-bf16-fastmath": {"mlas.enable_gemm_fastmath_arm64_bfloat16": "1"}}
 MANIFEST = "export.json"
 OUTPUT = "logits"
 
@@ -79,7 +87,8 @@ def missing_reason(model_dir: Path, precision: str, onnx_dir: Path | None = None
     directory = Path(onnx_dir if onnx_dir is not None else Path(model_dir) / ONNX_DIR)
     if not graph_path(model_dir, precision, onnx_dir).is_file():
         manifest = read_manifest(directory) or {}
-        failure = (manifest.get("errors") or {}).get(precision) or manifest.get("error")
+        exported_as = next(name for name, graph in GRAPHS.items() if graph == GRAPHS[precision])  # the export's key
+        failure = (manifest.get("errors") or {}).get(exported_as) or manifest.get("error")
         if failure:
             return f"no {ONNX_DIR}/{GRAPHS[precision]}: the export failed at packaging ({failure})"
         return f"no {ONNX_DIR}/{GRAPHS[precision]} in the model (packaged before ONNX export)"
@@ -98,7 +107,7 @@ class Output:
 class OnnxClassifier:
     """A sequence classifier run by ONNX Runtime, called like the transformers model it was exported from."""
 
-    def __init__(self, path: Path, *, threads: int, replicas: int = 1):
+    def __init__(self, path: Path, *, threads: int, replicas: int = 1, config: dict[str, str] | None = None):
         onnxruntime = import_runtime()
 
         self.path = Path(path)
@@ -109,6 +118,9 @@ class OnnxClassifier:
         options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: its warnings about unused initialisers are noise per start
+        self.config = dict(config or {})
+        for key, value in self.config.items():
+            options.add_session_config_entry(key, value)
         self._sessions: queue.SimpleQueue = queue.SimpleQueue()
         for _ in range(max(1, replicas)):
             session = onnxruntime.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
@@ -136,7 +148,8 @@ class OnnxClassifier:
         return self
 
     def __repr__(self) -> str:
-        return f"OnnxClassifier({self.path}, threads={self.threads}, replicas={self.replicas})"
+        extra = f", config={self.config}" if self.config else ""
+        return f"OnnxClassifier({self.path}, threads={self.threads}, replicas={self.replicas}{extra})"
 
 
 def _as_int64(value):

@@ -192,7 +192,7 @@ def export(model_dir: Path, onnx_dir: Path, *, int8_target: Int8Target, progress
     say = progress or (lambda line: None)
     onnx_dir = Path(onnx_dir)
     onnx_dir.mkdir(parents=True, exist_ok=True)
-    for name in (*GRAPHS.values(), MANIFEST):
+    for name in (*dict.fromkeys(GRAPHS.values()), MANIFEST):  # the fast-math pair shares fp32's graph
         (onnx_dir / name).unlink(missing_ok=True)
     manifest: dict = {"exporter": EXPORTER, "opset": OPSET, "versions": _versions(), "graphs": {}, "errors": {}}
     started = time.perf_counter()
@@ -239,9 +239,22 @@ def _write(onnx_dir: Path, manifest: dict) -> None:
     (onnx_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
+def int8_weight_range(graph: Path) -> tuple[int, int]:
+    """The smallest and largest value over the graph's int8 initializers (its quantized weights): symmetric 8-bit
+    weights reach +-127, ONNX Runtime's 7-bit (`reduce_range`) ones stop at +-64."""
+    import onnx
+    from onnx import numpy_helper
+
+    values = [numpy_helper.to_array(tensor) for tensor in onnx.load(str(graph)).graph.initializer
+              if tensor.data_type == onnx.TensorProto.INT8 and tensor.dims]
+    if not values:
+        raise ValueError(f"{graph}: no int8 weights")
+    return min(int(value.min()) for value in values), max(int(value.max()) for value in values)
+
+
 def copy_graphs(source: Path, target: Path) -> None:
     """The exported files (graphs and manifest) from one folder into another."""
     target.mkdir(parents=True, exist_ok=True)
-    for name in (*GRAPHS.values(), MANIFEST):
+    for name in (*dict.fromkeys(GRAPHS.values()), MANIFEST):  # the fast-math pair shares fp32's graph
         if (source / name).is_file():
             shutil.copyfile(source / name, target / name)

@@ -28,6 +28,9 @@ The pairs:
   quantization with weights made for the endpoint's CPU), behind the handler's forward-pass seam
   (`inference.sentiment.onnx_engine.OnnxClassifier`). A pair runs only where its graph is in the model directory
   and onnxruntime is installed (`unavailable` says why not).
+- `onnx-bf16-fastmath`: the fp32 graph with ONNX Runtime's bf16 fast math for MatMul
+  (`mlas.enable_gemm_fastmath_arm64_bfloat16`), an aarch64 kernel for CPUs with bf16 instructions (Graviton3 and
+  later): elsewhere ONNX Runtime ignores the option, so the pair runs only there (`cpu_reason`).
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ from pathlib import Path
 
 from inference.sentiment import onnx_engine
 
-PRECISIONS = ("fp32", "bf16", "int8", "onnx-fp32", "onnx-int8")
+PRECISIONS = ("fp32", "bf16", "int8", "onnx-fp32", "onnx-int8", "onnx-bf16-fastmath")
 # The pairs ONNX Runtime runs (the others run on torch).
 ONNX_PRECISIONS = tuple(onnx_engine.GRAPHS)
 LABELS = {"fp32": "torch fp32", "bf16": "torch bf16 weights", "int8": "torch int8 (torchao dynamic)",
-          "onnx-fp32": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8 (dynamic)"}
+          "onnx-fp32": "ONNX Runtime fp32", "onnx-int8": "ONNX Runtime int8 (dynamic)",
+          "onnx-bf16-fastmath": "ONNX Runtime fp32 graph, bf16 fast math (aarch64)"}
 RECORD = "precision.json"
 # The gate (issue 21): best labels agree on at least this share of the held-out sample...
 MIN_AGREEMENT = 0.99
@@ -160,6 +164,17 @@ def unavailable(model_dir: Path, precision: str) -> str | None:
     return onnx_engine.missing_reason(model_dir, precision)
 
 
+def cpu_reason(precision: str, cpu) -> str | None:
+    """Why `precision` means nothing on this CPU (a `cpu_features.Bf16Support`), None where it does: ONNX Runtime's
+    bf16 fast math exists on aarch64 with bf16 instructions only, and anywhere else it would measure onnx-fp32 again
+    under another name. (torch bf16 is decided by its callers: the gate checks its accuracy on any CPU, emulated
+    where there are no bf16 instructions; the calibration times only what this CPU runs natively.)"""
+    if precision == "onnx-bf16-fastmath" and not (cpu.machine == "aarch64" and cpu.available):
+        return (f"ONNX Runtime's bf16 fast math is an aarch64 kernel for CPUs with bf16 instructions; this CPU: "
+                f"{cpu.evidence}")
+    return None
+
+
 def activate(precision: str) -> None:
     """Set the process-wide math mode a precision runs with (the gate switches between them in one process)."""
     import torch
@@ -201,7 +216,8 @@ def load_engine(model_dir: Path, precision: str, *, threads: int, replicas: int 
         missing = onnx_engine.missing_reason(model_dir, precision, onnx_dir)
         if missing:
             raise RuntimeError(f"{precision}: {missing}")
-        return (onnx_engine.OnnxClassifier(path, threads=threads, replicas=replicas),
+        return (onnx_engine.OnnxClassifier(path, threads=threads, replicas=replicas,
+                                           config=onnx_engine.SESSION_CONFIG.get(precision)),
                 AutoConfig.from_pretrained(model_dir))
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()

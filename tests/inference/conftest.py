@@ -63,6 +63,22 @@ def bf16_breaks(model_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def exported(model_dir, tmp_path_factory) -> Path:
+    """The tiny RoBERTa with its ONNX graphs (int8 made for the default ml.c7g endpoint) and 40 held-out texts, as an
+    archive from training.package carries them (test_calibration and test_arm_check share one worker for it)."""
+    import shutil
+
+    from inference.sentiment import accuracy_check, calibration, int8_target, onnx_engine, onnx_export
+
+    directory = tmp_path_factory.mktemp("calibration") / "model"
+    shutil.copytree(model_dir, directory)
+    onnx_export.export(directory, directory / onnx_engine.ONNX_DIR,
+                       int8_target=int8_target.for_instance_type(int8_target.DEFAULT_TARGET))
+    calibration.write_texts(directory, accuracy_check.sample_texts()[:40])
+    return directory
+
+
+@pytest.fixture(scope="session")
 def archive(model_dir, tmp_path_factory) -> Path:
     """model.tar.gz as training.package builds it for our server (no code/)."""
     from training import package

@@ -13,24 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from inference.sentiment import accuracy_check, calibration, int8_target, onnx_engine, onnx_export
+from inference.sentiment import accuracy_check, calibration
 from inference.sentiment import precision as precisions
 from inference.sentiment.cpu_features import Bf16Support
 
 TEXTS = accuracy_check.sample_texts()[:40]
 BF16_CPU = Bf16Support(True, "x86_64: all 2 processors have amx_bf16", "x86_64")
 NO_BF16_CPU = Bf16Support(False, "aarch64: 2 of 2 processors list no bf16 in Features", "aarch64")
-
-
-@pytest.fixture(scope="module")
-def exported(model_dir, tmp_path_factory) -> Path:
-    """The tiny RoBERTa with its ONNX graphs and the held-out texts, as an archive from training.package carries."""
-    directory = tmp_path_factory.mktemp("calibration") / "model"
-    shutil.copytree(model_dir, directory)
-    onnx_export.export(directory, directory / onnx_engine.ONNX_DIR,
-                       int8_target=int8_target.for_instance_type(int8_target.DEFAULT_TARGET))
-    calibration.write_texts(directory, TEXTS)
-    return directory
+ARM_BF16_CPU = Bf16Support(True, "aarch64: all 2 processors list bf16 in Features", "aarch64")
+# What an x86 CPU runs: ONNX Runtime's bf16 fast math is an aarch64 kernel (`precision.cpu_reason`).
+X86_PAIRS = [name for name in precisions.PRECISIONS if name != "onnx-bf16-fastmath"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +56,8 @@ def test_every_pair_is_checked_here_and_the_fastest_passing_one_is_kept_loaded(e
     from inference.sentiment import inference as handler
 
     done = calibration.calibrate(exported, threads=1, cpu=BF16_CPU)
-    assert [entry.precision for entry in done.figures] == list(precisions.PRECISIONS)
+    assert [entry.precision for entry in done.figures] == X86_PAIRS
+    assert done.skipped == {"onnx-bf16-fastmath": precisions.cpu_reason("onnx-bf16-fastmath", BF16_CPU)}
     passing = {entry.precision: entry.ms_per_batch for entry in done.figures if entry.passed()}
     assert done.chosen in passing and "fp32" in passing
     timed = {name: ms for name, ms in passing.items() if ms is not None}
@@ -75,7 +68,8 @@ def test_every_pair_is_checked_here_and_the_fastest_passing_one_is_kept_loaded(e
     line = done.line
     assert line.startswith(f"calibration: serving {done.chosen} ({precisions.label(done.chosen)}), the fastest pair "
                            "that answers like fp32 here, in ")
-    assert all(f"{name} PASS" in line or f"{name} FAIL" in line for name in precisions.PRECISIONS)
+    assert all(f"{name} PASS" in line or f"{name} FAIL" in line for name in X86_PAIRS)
+    assert "; not run here: onnx-bf16-fastmath: ONNX Runtime's bf16 fast math is an aarch64 kernel" in line
     assert line.endswith(f"CPU: {BF16_CPU.evidence}")
 
 
@@ -110,11 +104,21 @@ def test_an_override_that_passes_is_served_without_a_race_and_with_its_own_math_
 
 
 def test_candidates_are_what_the_archive_carries_and_this_cpu_runs(exported, model_dir):
-    assert calibration.candidates(exported, None, BF16_CPU) == (list(precisions.PRECISIONS), {})
+    assert calibration.candidates(exported, None, ARM_BF16_CPU) == (list(precisions.PRECISIONS), {})
+    names, skipped = calibration.candidates(exported, None, BF16_CPU)
+    assert names == X86_PAIRS and list(skipped) == ["onnx-bf16-fastmath"]
+    assert skipped["onnx-bf16-fastmath"].endswith(f"this CPU: {BF16_CPU.evidence}")
+    names, skipped = calibration.candidates(exported, None, NO_BF16_CPU)  # Graviton2: no bf16 of either engine
+    assert names == ["fp32", "int8", "onnx-fp32", "onnx-int8"] and set(skipped) == {"bf16", "onnx-bf16-fastmath"}
     names, skipped = calibration.candidates(model_dir, None, NO_BF16_CPU)  # no onnx/ graphs, no bf16
     assert names == ["fp32", "int8"]
     assert skipped["bf16"] == f"this CPU has no bf16 instructions ({NO_BF16_CPU.evidence})"
-    assert set(skipped) == {"bf16", "onnx-fp32", "onnx-int8"}
+    assert set(skipped) == {"bf16", "onnx-fp32", "onnx-int8", "onnx-bf16-fastmath"}
+    assert skipped["onnx-bf16-fastmath"].startswith("no onnx/model.fp32.onnx in the model")
+    with pytest.raises(precisions.PrecisionRefused, match=r"SENTIMENT_PRECISION=onnx-bf16-fastmath \(ONNX Runtime "
+                                                          r"fp32 graph, bf16 fast math \(aarch64\)\) cannot run: ONNX "
+                                                          r"Runtime's bf16 fast math is an aarch64 kernel"):
+        calibration.candidates(exported, "onnx-bf16-fastmath", BF16_CPU)
     with pytest.raises(precisions.PrecisionRefused, match=r"SENTIMENT_PRECISION=onnx-int8 \(ONNX Runtime int8 "
                                                           r"\(dynamic\)\) cannot run: "):
         calibration.candidates(model_dir, "onnx-int8", NO_BF16_CPU)
@@ -137,7 +141,20 @@ def test_past_the_budget_the_best_pair_measured_so_far_wins(exported):
     done = calibration.calibrate(exported, threads=1, cpu=BF16_CPU, budget_s=1e-6, progress=lines.append)
     assert "calibration: budget of 1e-06 s spent after round 1" in lines
     timed = {entry.precision: entry.ms_per_batch for entry in done.figures if entry.ms_per_batch is not None}
-    assert timed[done.chosen] == min(timed.values()) and len(timed) == len(precisions.PRECISIONS)
+    assert timed[done.chosen] == min(timed.values()) and list(timed) == X86_PAIRS
+
+
+def test_onnx_runtimes_bf16_fast_math_runs_the_fp32_graph_with_its_session_option(exported):
+    """The pair on an aarch64 CPU with bf16, as `make check-arm` runs it under QEMU; here, on x86, ONNX Runtime
+    takes the option and ignores it, so the pair must answer exactly as onnx-fp32 does."""
+    done = calibration.calibrate(exported, override="onnx-bf16-fastmath", threads=1, cpu=ARM_BF16_CPU)
+    assert done.chosen == "onnx-bf16-fastmath" and done.figures[-1].passed()
+    assert done.figures[-1].max_change <= 1e-6
+    engine = done.sentiment.model
+    assert engine.path.name == "model.fp32.onnx"
+    session = engine._sessions.get()
+    assert session.get_session_options().get_session_config_entry(
+        "mlas.enable_gemm_fastmath_arm64_bfloat16") == "1"
 
 
 def test_an_archive_without_held_out_texts_is_checked_on_the_gates_own_sample(model_dir, tmp_path, monkeypatch):

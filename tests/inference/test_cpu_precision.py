@@ -129,12 +129,14 @@ def test_the_settings_accept_graviton2_and_refuse_bf16_there():
     for instance_type in ("ml.c6g.4xlarge", "ml.m6g.2xlarge", "ml.r6g.xlarge"):
         config = load_settings("dev", {"sentiment.instance_type": instance_type}).sentiment
         assert config.precision is None  # the calibration chooses there (no bf16 pair on Graviton2)
-        with pytest.raises(SettingsError) as refused:
-            load_settings("dev", {"sentiment.instance_type": instance_type, "sentiment.precision": "bf16"})
-        message = str(refused.value)
-        assert message.startswith("invalid setting sentiment.precision='bf16': expected fp32 or int8 on "
-                                  + instance_type), message
+        for needs_bf16 in ("bf16", "onnx-bf16-fastmath"):
+            with pytest.raises(SettingsError) as refused:
+                load_settings("dev", {"sentiment.instance_type": instance_type, "sentiment.precision": needs_bf16})
+            message = str(refused.value)
+            assert message.startswith(f"invalid setting sentiment.precision='{needs_bf16}': expected fp32, int8, "
+                                      f"onnx-fp32 or onnx-int8 on {instance_type}"), message
         assert load_settings("dev", {"sentiment.instance_type": instance_type,
                                      "sentiment.precision": "int8"}).sentiment.precision == "int8"
-    assert load_settings("dev", {"sentiment.instance_type": "ml.c7g.2xlarge",
-                                 "sentiment.precision": "bf16"}).sentiment.precision == "bf16"
+    for needs_bf16 in ("bf16", "onnx-bf16-fastmath"):
+        assert load_settings("dev", {"sentiment.instance_type": "ml.c7g.2xlarge",
+                                     "sentiment.precision": needs_bf16}).sentiment.precision == needs_bf16
