@@ -131,12 +131,19 @@ CDK_IN_PROCESS = re.compile(r"^\s*(from (aws_cdk|cdk_nag|constructs|stacks)\b|im
 CDK_GROUP = "synthesizes in-process"
 
 
+# Modules that share a session fixture costly to build run on one worker, so it is built once.
+SHARED_FIXTURE_GROUPS = {"tests/inference/test_arm_check.py": "tests/inference/test_calibration.py"}  # `exported`
+
+
 @functools.cache
 def xdist_group(module_path: str) -> str:
-    """The worker group of a test module under `make test`: its own, or the one every in-process CDK module shares
-    (jsii then starts once, and each configuration of `synthesized` is built once)."""
+    """The worker group of a test module under `make test`: its own, the one every in-process CDK module shares
+    (jsii then starts once, and each configuration of `synthesized` is built once), or the one it shares a costly
+    fixture with (SHARED_FIXTURE_GROUPS)."""
     path = REPO_ROOT / module_path
-    return CDK_GROUP if path.is_file() and CDK_IN_PROCESS.search(path.read_text()) else module_path
+    if CDK_IN_PROCESS.search(path.read_text() if path.is_file() else ""):
+        return CDK_GROUP
+    return SHARED_FIXTURE_GROUPS.get(module_path, module_path)
 
 
 # The longest groups, longest first (wall seconds under `make test` on the 2-vCPU Xeon, `pytest --durations=0`
