@@ -22,6 +22,7 @@ Needs Debian's apt (any Debian or Ubuntu machine, as root or with write access t
 package registries (deb.debian.org, PyPI): about 260 MB of downloads the first time.
 
     make check-arm                           # train-local's archive (packaged for ml.c7g.4xlarge), or MODEL=...
+    make check-arm ARGS="--cpu neoverse-n1"  # on Graviton2's core: no bf16, so its pairs must stay out
 
 Exit status: 0 when every pair the archive carries ran on Arm kernels, one was chosen, and its int8 graph has the
 weights its target needs; 1 when not (the reasons are printed); 2 when the emulator could not be set up here.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import platform
@@ -61,8 +63,12 @@ KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 PYTHON_PACKAGES = ("python3.13", "libstdc++6", "libgomp1")  # and what they depend on
 QEMU_PACKAGE = "qemu-user"  # Debian 13 builds its user-mode emulators statically
 QEMU_BINARY = "usr/bin/qemu-aarch64"
-# Graviton3 (c7g, the default sentiment.instance_type's family): QEMU's CPU model of the same core.
-CPU_MODEL = "neoverse-v1"
+# QEMU's models of the Graviton cores the settings allow: Graviton3 (c7g, the default sentiment.instance_type's
+# family; SVE 256-bit, BF16, I8MM) and Graviton2 (c6g; dot products, no bf16: bf16 pairs must not run there).
+CPU_MODELS = {"neoverse-v1": ("Graviton3's core, c7g", True), "neoverse-n1": ("Graviton2's core, c6g", False)}
+DEFAULT_CPU_MODEL = "neoverse-v1"
+# The pairs that need bf16 instructions: the calibration must leave them out on a CPU without them.
+NEEDS_BF16 = ("bf16", "onnx-bf16-fastmath")
 INST = re.compile(r"^Inst (\S+) \((\S+) [^\[]*\[([\w-]+)\]\)", re.MULTILINE)
 WHEEL_PLATFORM = ("--python-platform", "aarch64-manylinux_2_28", "--python-version", "3.13")
 
@@ -178,9 +184,9 @@ def prepare(root: Path, *, uv: Path, progress: Progress) -> Emulator:
     return _emulator(root, versions)
 
 
-def emulated_command(emulator: Emulator, argv: list[str]) -> list[str]:
-    """`python3.13 argv...` on the emulated Neoverse V1, with the aarch64 wheels and this checkout on its path."""
-    return [str(emulator.qemu), "-cpu", CPU_MODEL, "-L", str(emulator.sysroot),
+def emulated_command(emulator: Emulator, argv: list[str], cpu_model: str = DEFAULT_CPU_MODEL) -> list[str]:
+    """`python3.13 argv...` on the emulated core, with the aarch64 wheels and this checkout on its path."""
+    return [str(emulator.qemu), "-cpu", cpu_model, "-L", str(emulator.sysroot),
             # Python writes its bytecode caches under emulation once; later runs import several times faster.
             "-U", "PYTHONDONTWRITEBYTECODE",
             "-E", f"PYTHONPATH={emulator.site}{os.pathsep}{REPO}",
@@ -188,13 +194,14 @@ def emulated_command(emulator: Emulator, argv: list[str]) -> list[str]:
             str(emulator.python), *argv]
 
 
-def calibrate(emulator: Emulator, archive: Path, workdir: Path, *, progress: Progress) -> tuple[dict, Path]:
+def calibrate(emulator: Emulator, archive: Path, workdir: Path, *, cpu_model: str = DEFAULT_CPU_MODEL,
+              progress: Progress) -> tuple[dict, Path]:
     """Run the calibration CLI under emulation; (its JSON record, the emulated process's full log)."""
     record_path, log_path = workdir / "calibration.json", workdir / "calibration.log"
     # Budget 1 s: the race stops after its first timed round, which is all a choice needs here (the timings of an
     # emulated CPU mean nothing).
     command = emulated_command(emulator, ["-m", "inference.sentiment.calibration", "--model-dir", str(archive),
-                                          "--budget", "1", "--json", str(record_path)])
+                                          "--budget", "1", "--json", str(record_path)], cpu_model)
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in process.stdout:
@@ -221,17 +228,23 @@ def carried_pairs(model_dir: Path) -> list[str]:
             if name not in precisions.ONNX_PRECISIONS or onnx_engine.graph_path(model_dir, name).is_file()]
 
 
-def verify(record: dict, model_dir: Path) -> list[str]:
+def verify(record: dict, model_dir: Path, cpu_model: str = DEFAULT_CPU_MODEL) -> list[str]:
     """Why the emulated calibration does not show what it must (empty when it does): every pair the archive carries
-    ran on Arm kernels (bf16 ones included: the emulated CPU has BF16), one was chosen, and the int8 graph has the
-    weights its target needs, read from the graph itself."""
+    ran on Arm kernels (those that need bf16 only where the core has it, and never where it has not), one was
+    chosen, and the int8 graph has the weights its target needs, read from the graph itself."""
     from inference.sentiment.onnx_export import int8_weight_range
 
     problems = []
     if record.get("machine") != "aarch64":
         problems.append(f"the calibration ran on {record.get('machine')!r}, not aarch64")
     figures = {entry["precision"]: entry for entry in record.get("figures", [])}
+    has_bf16 = CPU_MODELS[cpu_model][1]
     for name in carried_pairs(model_dir):
+        if name in NEEDS_BF16 and not has_bf16:
+            if name in figures:
+                problems.append(f"{name} ({precisions.label(name)}) ran on {cpu_model}, which has no bf16 "
+                                "instructions")
+            continue
         if name not in figures:
             why = record.get("skipped", {}).get(name, "not measured")
             problems.append(f"{name} ({precisions.label(name)}) did not run: {why}")
@@ -253,12 +266,13 @@ def verify(record: dict, model_dir: Path) -> list[str]:
     return problems
 
 
-def report(record: dict, model_dir: Path, emulator: Emulator, archive: Path, log: Path) -> list[str]:
+def report(record: dict, model_dir: Path, emulator: Emulator, archive: Path, log: Path,
+           cpu_model: str = DEFAULT_CPU_MODEL) -> list[str]:
     from inference.sentiment.onnx_export import int8_weight_range
 
     versions = record.get("versions", {})
-    lines = [f"arm check: {archive} under QEMU {emulator.versions['debian'].get(QEMU_PACKAGE)} -cpu {CPU_MODEL} "
-             f"(Graviton3's core), CPython {versions.get('python')}, torch {versions.get('torch')} "
+    lines = [f"arm check: {archive} under QEMU {emulator.versions['debian'].get(QEMU_PACKAGE)} -cpu {cpu_model} "
+             f"({CPU_MODELS[cpu_model][0]}), CPython {versions.get('python')}, torch {versions.get('torch')} "
              f"(capability {versions.get('torch_cpu_capability')}), onnxruntime {versions.get('onnxruntime')}",
              f"  CPU as the emulated process reads it: {record.get('cpu')}"]
     for entry in record.get("figures", []):
@@ -287,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL,
                         help="a model.tar.gz (or its folder) from training.package")
+    parser.add_argument("--cpu", choices=CPU_MODELS, default=DEFAULT_CPU_MODEL,
+                        help="QEMU's CPU model: " + "; ".join(f"{name}: {what}" for name, (what, _) in
+                                                              CPU_MODELS.items()))
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="where the emulator and its Python live")
     parser.add_argument("--uv", type=Path, default=REPO / "build" / "uv" / "bin" / "uv",
                         help="the uv that installs the aarch64 wheels (make install-dev's)")
@@ -314,19 +331,20 @@ def main(argv: list[str] | None = None) -> int:
             with tarfile.open(model_dir, "r:gz") as archive:
                 archive.extractall(Path(scratch) / "model", filter="data")
             model_dir = Path(scratch) / "model"
-        say(f"arm check: calibrating {args.model_dir} on the emulated {CPU_MODEL} (a few minutes: emulation is slow)")
+        say(f"arm check: calibrating {args.model_dir} on the emulated {args.cpu} (a few minutes: emulation is slow)")
         try:
-            record, log = calibrate(emulator, model_dir, args.root, progress=say)
+            record, log = calibrate(emulator, model_dir, args.root, cpu_model=args.cpu, progress=say)
         except CheckFailed as failed:
             print("\n".join(failed.reasons), file=sys.stderr)
             return 1
-        for line in report(record, model_dir, emulator, args.model_dir, log):
+        for line in report(record, model_dir, emulator, args.model_dir, log, args.cpu):
             say(line)
-        problems = verify(record, model_dir)
+        problems = verify(record, model_dir, args.cpu)
     if problems:
         print("arm check: FAILED\n" + "\n".join(f"  {problem}" for problem in problems), file=sys.stderr)
         return 1
-    say(f"arm check: passed: every pair {args.model_dir} carries ran on Arm kernels and one was chosen")
+    say(f"arm check: passed: every pair {args.model_dir} carries that {args.cpu} runs ran on Arm kernels, and one "
+        "was chosen")
     return 0
 
 
@@ -356,8 +374,6 @@ def _run(command: list[str], *, env: dict | None = None, cwd: Path | None = None
 def _extract_member(deb: Path, member: str, target: Path) -> None:
     """One file of a .deb, without unpacking the rest (qemu-user carries every architecture's emulator)."""
     data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
-    import io
-
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         source = archive.extractfile(f"./{member}")
         if source is None:

@@ -16,6 +16,7 @@ from inference.sentiment import precision as precisions
 from inference.sentiment.cpu_features import Bf16Support
 
 GRAVITON3 = Bf16Support(True, "aarch64: all 2 processors list bf16 in Features", "aarch64")
+GRAVITON2 = Bf16Support(False, "aarch64: 2 of 2 processors list no bf16 in Features", "aarch64")
 # Lines `apt-get -s install python3.13` printed for trixie's arm64 packages (the first run of `make check-arm`).
 APT_SIMULATION = """NOTE: This is only a simulation!
 Reading package lists...
@@ -82,6 +83,16 @@ def test_a_pair_that_did_not_run_or_could_not_load_fails_the_check_by_name(gravi
     assert arm_check.verify(graviton3_record | {"machine": "x86_64", "chosen": None}, exported) == [
         "the calibration ran on 'x86_64', not aarch64", "no pair was chosen (chosen: None)"]
     assert arm_check.carried_pairs(model_dir) == ["fp32", "bf16", "int8"]  # no onnx/: torch's pairs only
+
+
+def test_on_graviton2s_core_the_pairs_that_need_bf16_must_stay_out(graviton3_record, exported):
+    done = calibration.calibrate(exported, threads=1, cpu=GRAVITON2, budget_s=1e-6)
+    record = calibration.as_record(done) | {"machine": "aarch64", "cpu": GRAVITON2.evidence}
+    assert set(record["skipped"]) == set(arm_check.NEEDS_BF16)
+    assert arm_check.verify(record, exported, "neoverse-n1") == []
+    assert arm_check.verify(graviton3_record, exported, "neoverse-n1") == [
+        f"{name} ({precisions.label(name)}) ran on neoverse-n1, which has no bf16 instructions"
+        for name in arm_check.NEEDS_BF16]
 
 
 def test_an_archive_for_c7g_whose_int8_graph_has_7_bit_weights_fails_the_check(graviton3_record, exported, tmp_path):
