@@ -161,6 +161,7 @@ LONGEST_GROUPS = (
     "tests/training/test_train.py",  # 12 s
     "tests/training/test_distributed.py",  # 12 s
     "tests/inference/test_precision.py",  # 11 s
+    "tests/inference/test_calibration.py",  # 11 s, with test_arm_check (SHARED_FIXTURE_GROUPS)
     "tests/training/test_quiet_first_commands.py",  # 11 s
     "tests/loadtest/test_streaming.py",  # 10 s
 )

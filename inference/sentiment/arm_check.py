@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import platform
@@ -372,13 +371,17 @@ def _run(command: list[str], *, env: dict | None = None, cwd: Path | None = None
 
 
 def _extract_member(deb: Path, member: str, target: Path) -> None:
-    """One file of a .deb, without unpacking the rest (qemu-user carries every architecture's emulator)."""
-    data = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        source = archive.extractfile(f"./{member}")
-        if source is None:
-            raise SetupError(f"{deb.name} has no {member}")
-        target.write_bytes(source.read())
+    """One file of a .deb, streamed, without unpacking the rest (qemu-user carries every architecture's emulator,
+    about 465 MB unpacked)."""
+    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as unpack:
+        with tarfile.open(fileobj=unpack.stdout, mode="r|") as archive:
+            for entry in archive:
+                if entry.name == f"./{member}" and entry.isfile():
+                    target.write_bytes(archive.extractfile(entry).read())
+                    break
+            else:
+                raise SetupError(f"{deb.name} has no {member}")
+        unpack.stdout.close()
     target.chmod(0o755)
 
 
