@@ -166,9 +166,10 @@ train-local: install-dev  ## tiny RoBERTa on the shipped sample: CPU, offline, a
 # missing) calibrated under QEMU's Neoverse V1 with the image's aarch64 wheels, unpacked into build/arm/ (about 260 MB
 # from Debian and PyPI the first time, then reused). Not part of `make test`: emulation takes minutes.
 .PHONY: check-arm
-check-arm: install-dev  ## every pair of MODEL's archive checked on Arm kernels under QEMU (Graviton3), and one chosen
-	@if [ "$(MODEL)" = "$(LOCAL_MODEL).tar.gz" ] && [ ! -f "$(MODEL)" ]; then $(MAKE) --no-print-directory train-local; fi
-	$(PY) -m inference.sentiment.arm_check --model-dir $(MODEL) --uv $(UV) $(ARGS)
+check-arm: install-dev  ## every pair of MODEL's archive checked on Arm kernels under QEMU (Graviton3), and one chosen (HELP=1)
+	@if [ -z "$(HELP)" ] && [ "$(MODEL)" = "$(LOCAL_MODEL).tar.gz" ] && [ ! -f "$(MODEL)" ]; then \
+	  $(MAKE) --no-print-directory train-local; fi
+	$(PY) -m inference.sentiment.arm_check $(if $(HELP),--help,--model-dir $(MODEL) --uv $(UV) $(ARGS))
 
 # make bench-train ARGS="--only plain,optimized+buckets"; HELP=1 (or ARGS=--help) prints the tool's help. On a GPU it
 # measures RoBERTa-base sized runs (cold and warm compile cache); on a CPU the tiny model, once each, about two minutes.
