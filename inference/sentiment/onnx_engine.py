@@ -46,6 +46,8 @@ GRAPHS = {"onnx-fp32": "model.fp32.onnx", "onnx-int8": "model.int8.onnx", "onnx-
 # on aarch64 Linux only (onnxruntime/core/providers/cpu/math/matmul.cc at 001d12d2, `#if defined(__aarch64__) &&
 # defined(__linux__)`: MatMul without transposes whose weight has at least kFastMathModeKernelsizeThreshold
 # elements), so elsewhere the pair would be onnx-fp32 under another name (`precision.cpu_reason` keeps it off).
+# Unlike oneDNN's math mode it is per session: each MatMul kernel reads it from its own session's options when the
+# session is built (matmul.h's constructor), so an onnx-fp32 session in the same process stays fp32.
 # Seen under QEMU (`make check-arm`, Neoverse V1): it moves the tiny model's probabilities by about 0.005; on x86
 # by 0.0.
 SESSION_CONFIG = {"onnx-bf16-fastmath": {"mlas.enable_gemm_fastmath_arm64_bfloat16": "1"}}
