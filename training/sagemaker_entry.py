@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.sentiment.int8_target import DEFAULT_TARGET as DEFAULT_SERVE_ON
+from inference.sentiment.int8_target import resolve as resolve_int8_target
 
 PROG = "python -m training.sagemaker_entry"
 # The endpoint's instance type, set by the pipeline (stacks/sagemaker_training.py): its CPU decides the int8 weights.
@@ -246,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     for reserved in ("--output-dir", "--checkpoint-dir"):
         if reserved in train_args:
             return _fail(args.output_dir, f"{reserved} is set by {PROG}; use its own option instead", 2)
+    if not args.skip_gate:  # a wrong target is named now, not after hours of training at the export
+        try:
+            resolve_int8_target(args.serve_on)
+        except ValueError as error:
+            return _fail(args.output_dir, str(error), 2)
     try:
         cluster = read_cluster()
         command = torchrun_command(cluster, train_args, model_dir=args.model_dir, checkpoint_dir=args.checkpoint_dir)

@@ -11,8 +11,9 @@ precisions then take turns on one batch of `--batch-size` texts for `--rounds` r
 round is the steadiest figure; the median is recorded too) is the gate's choice here (bf16 only where this CPU has
 bf16 instructions). `training.package` (and SageMaker training, `training.sagemaker_entry`) runs this and writes
 the result to `precision.json` in the archive: which precisions passed (true on any CPU whose int8 kernels do not
-saturate the int8 graph's weights, `int8_target`) apart from the timings (true for this kind of CPU), so the server
-picks again for the CPU it runs on (`precision.choose_explained`).
+saturate the int8 graph's weights, `int8_target`) apart from the timings (true for this kind of CPU), for the
+packaging report and the model registry; the server measures again on the CPU it runs on
+(`inference.sentiment.calibration`).
 
     python -m inference.sentiment.accuracy_check --model-dir artifacts/tiny-model
     python -m inference.sentiment.accuracy_check --random-model roberta-base     # random weights, built here
@@ -78,21 +79,14 @@ def compare(reference: list[list[float]], candidate: list[list[float]]) -> tuple
 
 
 def load(model_dir: Path, precision: str, threads: int | None = None, onnx_dir: Path | None = None):
-    """The handler's SentimentModel for a pair, loaded as the server loads it (`precision.load_engine`)."""
+    """The handler's SentimentModel for a pair, loaded as the server loads it (`calibration.load`)."""
     import torch
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    from inference.sentiment import inference as handler
+    from inference.sentiment import calibration
 
-    hf_logging.disable_progress_bar()  # one loading bar per precision is noise in the gate's progress
     if threads:
         torch.set_num_threads(threads)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model, config = precisions.load_engine(model_dir, precision, threads=torch.get_num_threads(), onnx_dir=onnx_dir)
-    return handler.SentimentModel(model=model, tokenizer=tokenizer, labels=handler.label_names(config.id2label),
-                                  max_length=handler.max_input_length(tokenizer, config),
-                                  threads=torch.get_num_threads())
+    return calibration.load(model_dir, precision, threads=torch.get_num_threads(), replicas=1, onnx_dir=onnx_dir)
 
 
 def class_probabilities(sentiment, texts: list[str]) -> list[list[float]]:

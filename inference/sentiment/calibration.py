@@ -168,8 +168,9 @@ def calibrate(model_dir: Path, *, override: str | None = None, threads: int, rep
     return Calibration(chosen, loaded[chosen], measured, seconds, line, dropped, skipped)
 
 
-def load(model_dir: Path, name: str, *, threads: int, replicas: int):
-    """The handler's SentimentModel for one pair, as the server runs it (`precision.load_engine`)."""
+def load(model_dir: Path, name: str, *, threads: int, replicas: int, onnx_dir: Path | None = None):
+    """The handler's SentimentModel for one pair, as the server runs it (`precision.load_engine`; `onnx_dir`: the
+    gate's graphs exported beside a model directory)."""
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -177,7 +178,7 @@ def load(model_dir: Path, name: str, *, threads: int, replicas: int):
 
     hf_logging.disable_progress_bar()  # a loading bar per pair is noise in the start-up log
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model, config = precisions.load_engine(model_dir, name, threads=threads, replicas=replicas)
+    model, config = precisions.load_engine(model_dir, name, threads=threads, replicas=replicas, onnx_dir=onnx_dir)
     return handler.SentimentModel(model=model, tokenizer=tokenizer, labels=handler.label_names(config.id2label),
                                   max_length=handler.max_input_length(tokenizer, config), threads=threads)
 

@@ -229,3 +229,11 @@ def test_setup_error_lands_in_the_failure_file(tmp_path, monkeypatch):
     monkeypatch.setenv("SM_NUM_GPUS", "0")
     assert sagemaker_entry.main(["--output-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]) == 2
     assert "algo-7" in (tmp_path / "failure").read_text()
+
+
+def test_a_wrong_serve_on_is_refused_before_training_with_the_reason_in_the_failure_file(tmp_path, monkeypatch):
+    """SERVE_ON decides the int8 graph's weights at the export after training: named at start, not hours later."""
+    monkeypatch.setenv(sagemaker_entry.SERVE_ON_ENV, "c7g.large")
+    assert sagemaker_entry.main(["--output-dir", str(tmp_path), "--checkpoint-dir", str(tmp_path / "c")]) == 2
+    assert "--serve-on 'c7g.large': not a SageMaker instance type" in (tmp_path / "failure").read_text()
+    assert not (tmp_path / "c").exists()  # nothing started
