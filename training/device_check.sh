@@ -27,9 +27,13 @@ else
   export PYTHONPATH="$PWD"
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-python3 - <<'EOF' 2>&1 | tee -a "$log" || exit 3
-import importlib.metadata as m, torch
-names = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors")
+python3 - <<'EOF' 2>&1 | tee -a "$log" || { say "the packages the runs need do not import (above; make device-wheels pins them)"; exit 3; }
+# Import what the runs import, so a carried wheel that does not fit the image's packages (transformers checks
+# tokenizers, huggingface-hub and regex versions at import) fails here in seconds, not once per run.
+import importlib, importlib.metadata as m, torch
+names = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "huggingface_hub", "pyarrow")
+for name in ("transformers", "accelerate", "datasets"):
+    importlib.import_module(name)
 print("versions:", ", ".join(f"{n} {m.version(n)}" for n in names))
 print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
 EOF
