@@ -231,8 +231,6 @@ def verify(record: dict, model_dir: Path, cpu_model: str = DEFAULT_CPU_MODEL) ->
     """Why the emulated calibration does not show what it must (empty when it does): every pair the archive carries
     ran on Arm kernels (those that need bf16 only where the core has it, and never where it has not), one was
     chosen, and the int8 graph has the weights its target needs, read from the graph itself."""
-    from inference.sentiment.onnx_export import int8_weight_range
-
     problems = []
     if record.get("machine") != "aarch64":
         problems.append(f"the calibration ran on {record.get('machine')!r}, not aarch64")
@@ -251,13 +249,10 @@ def verify(record: dict, model_dir: Path, cpu_model: str = DEFAULT_CPU_MODEL) ->
             problems.append(f"{name} ({precisions.label(name)}) could not run: {figures[name]['error']}")
     if record.get("chosen") not in figures:
         problems.append(f"no pair was chosen (chosen: {record.get('chosen')!r})")
-    manifest = onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}
-    made = manifest.get("int8") or {}
-    graph = onnx_engine.graph_path(model_dir, "onnx-int8")
-    if graph.is_file():
+    weights = int8_weights(model_dir)
+    if weights is not None:
+        made, low, high, bits = weights
         target = int8_target.resolve(made.get("target", ""))
-        low, high = int8_weight_range(graph)
-        bits = 8 if max(abs(low), abs(high)) > 64 else 7
         if made.get("weight_bits") != target.weight_bits or bits != target.weight_bits:
             problems.append(f"the int8 graph is for {made.get('target')!r}, which needs {target.weight_bits}-bit "
                             f"weights; export.json says {made.get('weight_bits')}, the graph's weights span "
@@ -265,10 +260,21 @@ def verify(record: dict, model_dir: Path, cpu_model: str = DEFAULT_CPU_MODEL) ->
     return problems
 
 
-def report(record: dict, model_dir: Path, emulator: Emulator, archive: Path, log: Path,
-           cpu_model: str = DEFAULT_CPU_MODEL) -> list[str]:
+def int8_weights(model_dir: Path) -> tuple[dict, int, int, int] | None:
+    """The int8 graph's export record (`export.json`'s "int8"), its weights' smallest and largest value, read from
+    the graph, and the bits they span (8-bit weights reach +-127, 7-bit ones stop at +-64); None without the graph."""
     from inference.sentiment.onnx_export import int8_weight_range
 
+    graph = onnx_engine.graph_path(model_dir, "onnx-int8")
+    if not graph.is_file():
+        return None
+    made = (onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}).get("int8") or {}
+    low, high = int8_weight_range(graph)
+    return made, low, high, 8 if max(abs(low), abs(high)) > 64 else 7
+
+
+def report(record: dict, model_dir: Path, emulator: Emulator, archive: Path, log: Path,
+           cpu_model: str = DEFAULT_CPU_MODEL) -> list[str]:
     versions = record.get("versions", {})
     lines = [f"arm check: {archive} under QEMU {emulator.versions['debian'].get(QEMU_PACKAGE)} -cpu {cpu_model} "
              f"({CPU_MODELS[cpu_model][0]}), CPython {versions.get('python')}, torch {versions.get('torch')} "
@@ -284,10 +290,9 @@ def report(record: dict, model_dir: Path, emulator: Emulator, archive: Path, log
                      f"{entry['max_change']:.4f}  ({precisions.label(name)})")
     for name, why in record.get("skipped", {}).items():
         lines.append(f"  {name:<19} not run: {why}")
-    graph = onnx_engine.graph_path(model_dir, "onnx-int8")
-    if graph.is_file():
-        made = (onnx_engine.read_manifest(Path(model_dir) / onnx_engine.ONNX_DIR) or {}).get("int8") or {}
-        low, high = int8_weight_range(graph)
+    weights = int8_weights(model_dir)
+    if weights is not None:
+        made, low, high, _ = weights
         lines.append(f"  int8 graph: weights {low}..{high} ({made.get('weight_bits')}-bit, made for "
                      f"{made.get('target')})")
     lines.append(f"  chosen: {record.get('chosen')} (under emulation: its timings mean nothing, the choice shows only "
